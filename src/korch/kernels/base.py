@@ -1,0 +1,83 @@
+"""The backend interface every kernel generator and library backend implements.
+
+A backend turns a candidate kernel, in its canonical standalone form
+(``korch.ir.subgraph.extract``: inputs ``in{i}`` or ``in{i}_c`` for constants,
+outputs ``out{j}``), into a ``CompiledKernel``: a callable taking the kernel's inputs
+as numpy arrays in order (constant inputs included; a backend may ignore those it
+baked in at build time) and returning its outputs as a list of numpy arrays.
+A compiled kernel saves itself into an executable's folder and loads back.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from korch.ir.graph import Graph
+
+
+class CompiledKernel(abc.ABC):
+    backend: str = ""
+
+    @abc.abstractmethod
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+    @abc.abstractmethod
+    def save(self, directory: Path, stem: str) -> dict[str, Any]:
+        """Write files named ``stem*`` under ``directory``; return JSON-able metadata."""
+
+
+class Backend(abc.ABC):
+    name: str = ""
+    # the kernel classes (korch.ir.subgraph.kernel_class) this backend takes
+    kinds: frozenset[str] = frozenset()
+
+    @abc.abstractmethod
+    def supports(self, kgraph: Graph) -> bool:
+        """Whether ``build`` can compile this kernel (pure, cheap, no compilation)."""
+
+    @abc.abstractmethod
+    def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
+        """Compile. ``consts`` maps each ``in{i}_c`` input name to its value."""
+
+    def build_many(
+        self, items: Sequence[tuple[Graph, dict[str, np.ndarray]]], num_threads: int
+    ) -> list[CompiledKernel | Exception]:
+        out: list[CompiledKernel | Exception] = []
+        for kgraph, consts in items:
+            try:
+                out.append(self.build(kgraph, consts, num_threads))
+            except Exception as e:  # noqa: BLE001 - a failed build is a recorded result
+                out.append(e)
+        return out
+
+    @abc.abstractmethod
+    def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel: ...
+
+    def version(self) -> str:
+        """Tool version string; part of every measurement's key."""
+        return "0"
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    _REGISTRY[backend.name] = backend
+    return backend
+
+
+def get_backend(name: str) -> Backend:
+    from korch.kernels import registry  # noqa: F401  (populates _REGISTRY)
+
+    return _REGISTRY[name]
+
+
+def all_backends() -> list[Backend]:
+    from korch.kernels import registry  # noqa: F401
+
+    return list(_REGISTRY.values())

@@ -1,0 +1,10 @@
+"""Imports every backend module so each registers itself."""
+
+import contextlib
+
+with contextlib.suppress(ImportError):
+    from korch.kernels import ort_backend  # noqa: F401
+with contextlib.suppress(ImportError):
+    from korch.kernels import numpy_backend  # noqa: F401
+with contextlib.suppress(ImportError):
+    from korch.kernels import tvm_backend  # noqa: F401
