@@ -8,3 +8,5 @@ with contextlib.suppress(ImportError):
     from korch.kernels import numpy_backend  # noqa: F401
 with contextlib.suppress(ImportError):
     from korch.kernels import tvm_backend  # noqa: F401
+with contextlib.suppress(ImportError):
+    from korch.kernels import chaos_backend  # noqa: F401  (registers only with KORCH_CHAOS=1)

@@ -1,0 +1,5 @@
+import sys
+
+from korch.cli import main
+
+sys.exit(main())

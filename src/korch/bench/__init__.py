@@ -1,0 +1,1 @@
+"""Side-by-side measurement against peers (onnxruntime here; more in benchmarks/)."""

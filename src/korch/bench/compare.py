@@ -1,0 +1,100 @@
+"""End-to-end latency of an executable and onnxruntime, measured alternately in one process."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+
+def random_feeds(inputs: Mapping, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, spec in inputs.items():
+        if spec.dtype == "bool":
+            feeds[name] = rng.random(spec.shape) < 0.5
+        elif np.issubdtype(np.dtype(spec.dtype), np.integer):
+            feeds[name] = rng.integers(0, 4, spec.shape).astype(spec.dtype)
+        else:
+            feeds[name] = rng.standard_normal(spec.shape).astype(spec.dtype)
+    return feeds
+
+
+def ort_session(model, num_threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = num_threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+
+
+def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> float:
+    """max over outputs of max|got - want| / max|want| (normwise relative error)."""
+    worst = 0.0
+    for name, w in want.items():
+        g = np.asarray(got[name])
+        if g.shape != w.shape:
+            return float("inf")
+        if w.dtype.kind in "biu":
+            worst = max(worst, 0.0 if np.array_equal(g, w) else 1.0)
+            continue
+        finite = np.isfinite(w)
+        if not np.array_equal(finite, np.isfinite(g)):
+            return float("inf")
+        scale = float(np.max(np.abs(w[finite]), initial=0.0)) or 1.0
+        err = float(np.max(np.abs(g[finite].astype(np.float64) - w[finite]), initial=0.0))
+        worst = max(worst, err / scale)
+    return worst
+
+
+def time_alternating(fns: dict[str, Callable[[], object]], rounds: int = 20, min_ms: float = 50.0) -> dict:
+    """Median and spread per engine, engines interleaved round by round."""
+    for fn in fns.values():
+        fn()
+        fn()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    t_end = None
+    for r in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append((time.perf_counter() - t0) * 1e3)
+        if r == 2:
+            t_end = time.perf_counter()
+        if t_end is not None and r >= 4 and sum(sum(s) for s in samples.values()) > 60_000:
+            break  # cap the measuring time of big models at about a minute
+    del min_ms
+    out = {}
+    for name, s in samples.items():
+        s_sorted = sorted(s)
+        out[name] = {
+            "median_ms": statistics.median(s),
+            "p10_ms": s_sorted[len(s) // 10],
+            "p90_ms": s_sorted[(9 * len(s)) // 10],
+            "runs": len(s),
+        }
+    return out
+
+
+def compare_with_onnxruntime(executable, model, settings) -> dict:
+    feeds = random_feeds(executable.inputs)
+    sess = ort_session(model, settings.num_threads)
+    names = [o.name for o in sess.get_outputs()]
+    want = dict(zip(names, sess.run(None, feeds)))
+    got = executable(feeds)
+    err = max_rel_error(got, want)
+    timing = time_alternating({"korch": lambda: executable(feeds), "onnxruntime": lambda: sess.run(None, feeds)})
+    k, o = timing["korch"]["median_ms"], timing["onnxruntime"]["median_ms"]
+    return {
+        "latency_ms": round(k, 4),
+        "onnxruntime_ms": round(o, 4),
+        "speedup": round(o / k, 3) if k > 0 else None,
+        "max_rel_error": err,
+        "timing": timing,
+    }

@@ -1,0 +1,168 @@
+"""Command line: ``korch optimize | run | example``; errors are one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from korch.errors import KorchError
+
+SUMMARY_FIELDS = [
+    ("primitives", "primitives"),
+    ("partitions", "partitions"),
+    ("execution_states", "execution states"),
+    ("candidates", "candidates"),
+    ("candidates_measured", "candidates measured"),
+    ("measurements_cached", "measurements from db"),
+    ("blp_seconds", "BLP seconds"),
+    ("kernels_chosen", "kernels chosen"),
+    ("redundant_primitives", "redundant primitives"),
+    ("latency_ms", "end-to-end latency (ms)"),
+    ("onnxruntime_ms", "onnxruntime latency (ms)"),
+    ("speedup", "speedup vs onnxruntime"),
+    ("max_rel_error", "max relative error"),
+    ("optimize_seconds", "optimize seconds"),
+]
+
+
+def format_summary(report: dict) -> str:
+    rows = []
+    for key, label in SUMMARY_FIELDS:
+        if key not in report:
+            continue
+        v = report[key]
+        if isinstance(v, float):
+            v = f"{v:.3g}" if key == "max_rel_error" else f"{v:.3f}"
+        rows.append((label, str(v)))
+    width = max(len(r[0]) for r in rows)
+    line = "-" * (width + 16)
+    out = [line] + [f"{a:<{width}}  {b:>12}" for a, b in rows] + [line]
+    return "\n".join(out)
+
+
+def _parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]] | None:
+    if not items:
+        return None
+    from korch.frontend import parse_shape_arg
+
+    return dict(parse_shape_arg(s) for s in items)
+
+
+def _settings(args):
+    from korch.config import Settings
+
+    kw = {"target": args.target, "progress": not args.quiet}
+    if args.db:
+        kw["db_path"] = args.db
+    if args.threads:
+        kw["num_threads"] = args.threads
+    if getattr(args, "max_states", None):
+        kw["max_states"] = args.max_states
+    return Settings(**kw)
+
+
+def cmd_optimize(args) -> int:
+    from korch.api import optimize
+
+    if not Path(args.model).exists():
+        raise KorchError(f"{args.model}: no such file")
+    compiled = optimize(args.model, output_dir=args.output, shapes=_parse_shapes(args.shape),
+                        settings=_settings(args))
+    print(format_summary(compiled.report))
+    print(f"wrote {args.output}/ (plan.json, kernels/, report.json)")
+    return 0
+
+
+def cmd_example(args) -> int:
+    from korch.models import NAMES, save
+
+    if args.name not in NAMES:
+        raise KorchError(f"unknown example {args.name!r}; choose from {', '.join(NAMES)}")
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{args.name}.onnx"
+    save(args.name, str(path))
+    print(f"wrote {path}")
+    if args.optimize:
+        args.model, args.output, args.shape = str(path), str(out / args.name), None
+        return cmd_optimize(args)
+    return 0
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    from korch.api import load
+
+    exe = load(args.outdir)
+    if not Path(args.inputs).exists():
+        raise KorchError(f"{args.inputs}: no such file")
+    with np.load(args.inputs) as z:
+        feeds = {k: z[k] for k in z.files}
+    outs = exe(feeds)
+    if args.save:
+        np.savez(args.save, **outs)
+        print(f"wrote {args.save}: {', '.join(outs)}")
+    else:
+        for k, v in outs.items():
+            print(f"{k}: {v.dtype}{list(v.shape)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="korch", description="Optimal kernel orchestration for ONNX models")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp):
+        sp.add_argument("--target", default="cpu", choices=["cpu"])
+        sp.add_argument("--db", help="results database (default ~/.cache/korch/results.db or $KORCH_DB)")
+        sp.add_argument("--threads", type=int, help="threads per kernel and for onnxruntime")
+        sp.add_argument("--max-states", type=int, help="execution-state cap per partition")
+        sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+
+    o = sub.add_parser("optimize", help="optimize an ONNX model into an executable folder")
+    o.add_argument("model")
+    o.add_argument("-o", "--output", required=True)
+    o.add_argument("--shape", action="append", metavar="NAME=d0,d1,...", help="bind a symbolic input shape")
+    common(o)
+    o.set_defaults(fn=cmd_optimize)
+
+    e = sub.add_parser("example", help="write a built-in test model (and optimize it)")
+    e.add_argument("name", nargs="?", default="attention")
+    e.add_argument("-o", "--output", default="korch-out")
+    e.add_argument("--no-optimize", dest="optimize", action="store_false")
+    common(e)
+    e.set_defaults(fn=cmd_example)
+
+    r = sub.add_parser("run", help="run an optimized model on inputs from an .npz file")
+    r.add_argument("outdir")
+    r.add_argument("--inputs", required=True)
+    r.add_argument("--save")
+    r.set_defaults(fn=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="korch: %(message)s")
+    try:
+        return args.fn(args)
+    except KorchError as e:
+        print(f"korch: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("korch: interrupted (finished measurements are kept in the database)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for users; KORCH_DEBUG=1 shows the traceback
+        if os.environ.get("KORCH_DEBUG"):
+            raise
+        print(f"korch: internal error: {type(e).__name__}: {e} (set KORCH_DEBUG=1 for a traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

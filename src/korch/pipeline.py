@@ -1,0 +1,263 @@
+"""The pipeline driver: one flat, ordered list of named steps.
+
+    load -> fission -> partition -> identify -> profile -> orchestrate -> build -> measure
+
+Each step reads and extends one ``Context``; step names appear in logs and in the
+report's per-stage times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from korch.config import Settings
+from korch.ir import Graph, GroupOp, Op, verify
+from korch.ir.subgraph import Kernel, canonical_hash, extract, kernel_class, make_kernel
+
+log = logging.getLogger("korch")
+
+
+@dataclasses.dataclass
+class Candidate:
+    partition: int
+    kernel: Kernel
+    kind: str
+    hash: str
+    backends: tuple[str, ...]
+    cost_us: float = math.inf
+    backend: str = ""
+
+
+@dataclasses.dataclass
+class Context:
+    settings: Settings
+    source: Any
+    shapes: dict[str, tuple[int, ...]] | None
+    model: Any = None
+    graph: Graph | None = None
+    partitions: list[list[int]] = dataclasses.field(default_factory=list)
+    n_states: int = 0
+    candidates: list[Candidate] = dataclasses.field(default_factory=list)
+    chosen: list[Candidate] = dataclasses.field(default_factory=list)
+    blp_seconds: float = 0.0
+    blp_max_seconds: float = 0.0
+    executable: Any = None
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+# --- steps ---------------------------------------------------------------------------
+
+
+def step_load(ctx: Context) -> None:
+    from korch.frontend import load_model
+
+    ctx.model = load_model(ctx.source, ctx.shapes)
+
+
+def step_fission(ctx: Context) -> None:
+    from korch.fission import fission
+
+    ctx.graph = fission(ctx.model)
+    verify(ctx.graph)
+
+
+def step_partition(ctx: Context) -> None:
+    from korch.identify import execution_states
+    from korch.partition import partition
+
+    assert ctx.graph is not None
+    ctx.partitions = partition(ctx.graph, ctx.settings.max_states)
+    ctx.n_states = sum(len(execution_states(ctx.graph, p)) for p in ctx.partitions)
+
+
+def _backends_for(kind: str, kgraph: Graph) -> tuple[str, ...]:
+    from korch.kernels.base import all_backends
+
+    if kind == "opaque":
+        return ("ort",)
+    names = [b.name for b in all_backends() if kind in b.kinds and b.supports(kgraph)]
+    if kind == "memory":
+        # Generated kernels are the point; onnxruntime only guarantees that every single
+        # primitive has some backend.
+        if "tvm" in names:
+            return ("tvm",)
+        return ("ort",) if len(kgraph.compute_ids()) == 1 and "ort" in names else ()
+    return tuple(names)
+
+
+def step_identify(ctx: Context) -> None:
+    from korch.identify import candidates
+
+    g = ctx.graph
+    assert g is not None
+    users = g.users()
+    for pi, part in enumerate(ctx.partitions):
+        for k in candidates(g, part, ctx.settings.max_kernel_size):
+            k = make_kernel(g, users, k.nodes)
+            kg = extract(g, k)
+            kind = kernel_class(g, k)
+            backends = _backends_for(kind, kg)
+            if not backends:
+                continue
+            ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends))
+
+
+def _kernel_consts(g: Graph, k: Kernel) -> dict[str, np.ndarray]:
+    out = {}
+    for i, src in enumerate(k.inputs):
+        if g.nodes[src].op is Op.CONST:
+            out[f"in{i}_c"] = g.const_value(src)
+    return out
+
+
+def step_profile(ctx: Context) -> None:
+    from korch.profile import Workload, profile
+    from korch.profile.db import ResultsDB
+
+    g = ctx.graph
+    assert g is not None
+    workloads: dict[str, Workload] = {}
+    for c in ctx.candidates:
+        if c.hash not in workloads:
+            workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), _kernel_consts(g, c.kernel), c.backends)
+    db = ResultsDB(ctx.settings.db_path)
+    try:
+        results, stats = profile(list(workloads.values()), db, ctx.settings.target, ctx.settings,
+                                 progress=ctx.settings.progress)
+    finally:
+        db.close()
+    for c in ctx.candidates:
+        for b in c.backends:
+            m = results.get((c.hash, b))
+            if m is not None and m.ok and m.median_us is not None and m.median_us < c.cost_us:
+                c.cost_us, c.backend = m.median_us, b
+    ctx.report.update(
+        workloads=len(workloads), measurements_requested=stats.requested, measurements_cached=stats.cached,
+        candidates_measured=stats.measured, measurements_failed=stats.failed,
+    )
+
+
+def step_orchestrate(ctx: Context) -> None:
+    from korch.orchestrate import solve
+
+    g = ctx.graph
+    assert g is not None
+    for pi, part in enumerate(ctx.partitions):
+        cands = [c for c in ctx.candidates if c.partition == pi]
+        orch = solve(g, part, [c.kernel for c in cands], [c.cost_us for c in cands],
+                     time_limit_s=ctx.settings.blp_time_limit_s)
+        ctx.blp_seconds += orch.seconds
+        ctx.blp_max_seconds = max(ctx.blp_max_seconds, orch.seconds)
+        ctx.chosen.extend(cands[i] for i in orch.order)
+
+
+def step_build(ctx: Context) -> None:
+    from korch.executable import Executable, Step, TensorSpec, plan_buffers
+    from korch.kernels.base import get_backend
+
+    g = ctx.graph
+    assert g is not None
+    steps: list[Step] = []
+    by_backend: dict[str, list[int]] = {}
+    for i, c in enumerate(ctx.chosen):
+        steps.append(Step(f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs))
+        by_backend.setdefault(c.backend, []).append(i)
+    for name, idxs in by_backend.items():
+        items = [(extract(g, ctx.chosen[i].kernel), _kernel_consts(g, ctx.chosen[i].kernel)) for i in idxs]
+        built = get_backend(name).build_many(items, ctx.settings.num_threads)
+        for i, k in zip(idxs, built):
+            if isinstance(k, Exception):
+                raise RuntimeError(f"building chosen kernel {steps[i].name} with {name} failed: {k}")
+            steps[i].kernel = k
+    inputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.inputs.items()}
+    outputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.outputs.items()}
+    consts: dict[int, np.ndarray] = {}
+    for st in steps:
+        for src in st.inputs:
+            if g.nodes[src].op is Op.CONST:
+                consts[src] = g.const_value(src)
+    for spec in outputs.values():
+        if g.nodes[spec.node].op is Op.CONST:
+            consts[spec.node] = g.const_value(spec.node)
+    sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
+    free_after, stats = plan_buffers(steps, {s.node for s in outputs.values()}, sizes)
+    ctx.executable = Executable(inputs, outputs, consts, steps, free_after, stats)
+
+
+def step_measure(ctx: Context) -> None:
+    from korch.bench.compare import compare_with_onnxruntime
+
+    assert ctx.executable is not None
+    ctx.report.update(compare_with_onnxruntime(ctx.executable, ctx.model, ctx.settings))
+
+
+STEPS: list[tuple[str, Callable[[Context], None]]] = [
+    ("load", step_load),
+    ("fission", step_fission),
+    ("partition", step_partition),
+    ("identify", step_identify),
+    ("profile", step_profile),
+    ("orchestrate", step_orchestrate),
+    ("build", step_build),
+    ("measure", step_measure),
+]
+
+
+def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = True) -> Context:
+    ctx = Context(settings, source, shapes)
+    for name, fn in STEPS:
+        if name == "measure" and not measure:
+            continue
+        t0 = time.perf_counter()
+        log.info("step %s", name)
+        fn(ctx)
+        ctx.stage_seconds[name] = round(time.perf_counter() - t0, 3)
+    g = ctx.graph
+    assert g is not None
+    redundant = sum(len(c.kernel.nodes) for c in ctx.chosen) - len({n for c in ctx.chosen for n in c.kernel.nodes})
+    ctx.report = {
+        "model": str(source) if not hasattr(source, "SerializeToString") else "<ModelProto>",
+        "target": settings.target,
+        "primitives": len(g.compute_ids()),
+        "primitive_classes": {k: v for k, v in g.count().items() if k != "source"},
+        "partitions": len(ctx.partitions),
+        "execution_states": ctx.n_states,
+        "candidates": len(ctx.candidates),
+        **ctx.report,
+        "blp_seconds": round(ctx.blp_seconds, 3),
+        "blp_max_seconds": round(ctx.blp_max_seconds, 3),
+        "kernels_chosen": len(ctx.chosen),
+        "kernels_by_backend": _count(c.backend for c in ctx.chosen),
+        "redundant_primitives": redundant,
+        "predicted_latency_us": round(sum(c.cost_us for c in ctx.chosen), 1),
+        "buffers": ctx.executable.buffer_stats if ctx.executable else {},
+        "stage_seconds": ctx.stage_seconds,
+    }
+    return ctx
+
+
+def _count(xs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in xs:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def save_outputs(ctx: Context, out_dir: str | Path) -> None:
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    ctx.executable.save(d)
+    (d / "report.json").write_text(json.dumps(ctx.report, indent=1, default=str))
+
+
+__all__ = ["STEPS", "Candidate", "Context", "GroupOp", "run_pipeline", "save_outputs"]

@@ -1,0 +1,75 @@
+"""Timing one compiled kernel: random inputs, warm-up, repeats, median."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from korch.ir.graph import Graph
+from korch.ir.interp import evaluate
+from korch.ir.ops import Op
+
+
+def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, nid in kgraph.inputs.items():
+        node = kgraph.nodes[nid]
+        if name in consts:
+            out.append(consts[name])
+        elif node.dtype == "bool":
+            out.append(rng.random(node.shape) < 0.5)
+        elif np.issubdtype(np.dtype(node.dtype), np.integer):
+            out.append(rng.integers(0, 4, node.shape).astype(node.dtype))
+        else:
+            out.append(rng.standard_normal(node.shape).astype(node.dtype))
+    return out
+
+
+def check_outputs(kgraph: Graph, args: list[np.ndarray], got: list[np.ndarray], rtol: float = 1e-3) -> str:
+    """Compare a kernel's outputs with the reference interpreter; '' when they agree."""
+    feeds = dict(zip(kgraph.inputs, args))
+    want = evaluate(kgraph, feeds)
+    for (name, w), g in zip(want.items(), got):
+        g = np.asarray(g)
+        if g.shape != w.shape:
+            return f"{name}: shape {g.shape} != {w.shape}"
+        if w.dtype.kind in "biu":
+            if not np.array_equal(g, w):
+                return f"{name}: integer values differ"
+            continue
+        finite = np.isfinite(w)
+        if not np.array_equal(finite, np.isfinite(g)):
+            return f"{name}: non-finite values differ"
+        scale = float(np.max(np.abs(w[finite]), initial=0.0)) or 1.0
+        err = float(np.max(np.abs(g[finite].astype(np.float64) - w[finite]), initial=0.0))
+        if err > rtol * scale + 1e-5:
+            return f"{name}: max abs error {err:.3g} (scale {scale:.3g})"
+    return ""
+
+
+def time_kernel(fn, args: list[np.ndarray], warmup: int, repeat: int, min_sample_ms: float) -> list[float]:
+    """Per-call times in microseconds: ``repeat`` samples, each averaging enough calls
+    to last ``min_sample_ms`` (so microsecond kernels are not timer noise)."""
+    for _ in range(max(1, warmup)):
+        fn(args)
+    t0 = time.perf_counter()
+    fn(args)
+    one = max(time.perf_counter() - t0, 1e-7)
+    inner = max(1, int(min_sample_ms * 1e-3 / one))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn(args)
+        times.append((time.perf_counter() - t0) / inner * 1e6)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+__all__ = ["Op", "check_outputs", "median", "random_inputs", "time_kernel"]
