@@ -1,0 +1,125 @@
+"""End to end: every built-in test model optimizes and matches onnxruntime.
+
+Numbers: max normwise relative error <= 1e-4 (float32) against onnxruntime.
+Structure: fewer kernels than primitives (fusion happened), every chosen kernel's
+inputs are available when it runs (valid order), the outputs are produced, and a
+second optimization measures nothing new.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import korch
+from korch.config import Settings
+from korch.ir import GroupOp, Op
+from korch.models import NAMES, build
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    db = tmp_path_factory.mktemp("db") / "results.db"
+    return Settings(db_path=str(db), progress=False, warmup=1, repeat=5, min_repeat_ms=0.5, num_threads=2)
+
+
+@pytest.fixture(scope="module")
+def compiled(settings, tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = tmp_path_factory.mktemp(name)
+            cache[name] = (korch.optimize(build(name), output_dir=out, settings=settings), out)
+        return cache[name]
+
+    return get
+
+
+def _check_order(model):
+    exe = model.executable
+    available = {s.node for s in exe.inputs.values()} | set(exe.consts)
+    for step in exe.steps:
+        missing = [n for n in step.inputs if n not in available]
+        assert not missing, f"{step.name} reads {missing} before they are produced"
+        available |= set(step.outputs)
+    for name, spec in exe.outputs.items():
+        assert spec.node in available, f"output {name} never produced"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_model_matches_onnxruntime(name, compiled):
+    model, _ = compiled(name)
+    r = model.report
+    assert r["max_rel_error"] <= TOL, r
+    _check_order(model)
+    g = model.graph
+    assert r["kernels_chosen"] < r["primitives"]
+    assert r["primitives"] == len(g.compute_ids())
+    # every chosen kernel was measured (finite cost) and has a backend
+    assert all(s.backend for s in model.executable.steps)
+
+
+def test_attention_softmax_is_fused(compiled):
+    model, _ = compiled("attention")
+    g = model.graph
+    soft = [i for i, n in enumerate(g.nodes) if n.op in (Op.REDUCE_MAX, Op.EXP)]
+    assert soft, "attention model has a softmax"
+    steps = model.executable.steps
+    # the max-reduction, the exponent and the row sum of a softmax share kernels:
+    # fewer kernels touch them than there are softmax primitives
+    sm_prims = [i for i, n in enumerate(g.nodes) if n.op in (Op.REDUCE_MAX, Op.EXP, Op.REDUCE_SUM)]
+    touching = [s for s in steps if set(s.nodes) & set(sm_prims)]
+    assert len(touching) < len(sm_prims)
+    memory_prims = [i for i in g.compute_ids() if g.nodes[i].op in GroupOp.MEMORY_BOUND]
+    memory_kernels = [s for s in steps if s.backend == "tvm"]
+    assert len(memory_kernels) < len(memory_prims)
+
+
+def test_second_optimize_measures_nothing(compiled, settings):
+    compiled("mlp")
+    again = korch.optimize(build("mlp"), settings=settings, measure=False)
+    assert again.report["candidates_measured"] == 0
+    assert again.report["measurements_cached"] == again.report["measurements_requested"] > 0
+
+
+def test_opaque_operator_runs_through_fallback(compiled):
+    model, _ = compiled("opaque")
+    assert any(n.op is Op.OPAQUE for n in model.graph.nodes)
+    assert any(s.backend == "ort" for s in model.executable.steps)
+
+
+def test_save_load_and_cli_run(compiled, tmp_path):
+    model, out = compiled("candy_block")
+    loaded = korch.load(out)
+    rng = np.random.default_rng(3)
+    feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in loaded.executable.inputs.items()}
+    want = model(feeds)
+    got = loaded(feeds)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    np.savez(tmp_path / "in.npz", **feeds)
+    proc = subprocess.run(
+        [sys.executable, "-m", "korch", "run", str(out), "--inputs", str(tmp_path / "in.npz"), "--save",
+         str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "out.npz") as z:
+        for k in want:
+            np.testing.assert_allclose(z[k], want[k], rtol=1e-6)
+    with pytest.raises(korch.InputError, match="shape"):
+        loaded({k: v[..., :1] for k, v in feeds.items()})
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    proc = subprocess.run([sys.executable, "-m", "korch", "optimize", str(bad), "-o", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("korch: error:")
+    assert "Traceback" not in proc.stderr
