@@ -144,7 +144,7 @@ def eval_node(graph: Graph, nid: int, args: Sequence[np.ndarray]) -> np.ndarray:
     out = np.asarray(out)
     if out.dtype != np.dtype(node.dtype):
         out = out.astype(node.dtype)
-    return np.ascontiguousarray(out.reshape(node.shape))
+    return np.ascontiguousarray(out).reshape(node.shape)  # ascontiguousarray makes 0-d arrays 1-d
 
 
 def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], keep_all: bool = False) -> dict:

@@ -10,3 +10,5 @@ with contextlib.suppress(ImportError):
     from korch.kernels import tvm_backend  # noqa: F401
 with contextlib.suppress(ImportError):
     from korch.kernels import chaos_backend  # noqa: F401  (registers only with KORCH_CHAOS=1)
+with contextlib.suppress(ImportError):
+    from korch.kernels import torch_backend  # noqa: F401  (only when torch is installed)

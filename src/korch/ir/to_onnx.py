@@ -1,0 +1,595 @@
+"""Export a primitive graph as an ONNX model that computes what ``korch.ir.evaluate`` computes.
+
+Used by the onnxruntime backend (the fallback that runs any kernel) and for debugging.
+
+Note [ONNX dtypes]
+~~~~~~~~~~~~~~~~~~
+onnxruntime's CPU kernels cover fewer dtypes than numpy (no Exp on int64, no Conv on
+float64, no Add on bool ...). Each primitive is computed in the dtype numpy would use
+(``np.result_type`` of its non-scalar inputs); when onnxruntime has no kernel for that
+dtype we compute in the next wider one (``_WIDER``) and Cast back to the node's dtype.
+Rank-0 constants are emitted in the dtype of the tensor they meet when the value fits
+(same kind, or the value round-trips), so ``x * 0.5`` stays one float32 Mul; numpy would
+compute ``float32 * float64-0d`` in float64, which differs by at most a rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from korch.ir.graph import Graph, Node
+from korch.ir.ops import GroupOp, Op
+
+INT64_MIN = int(np.iinfo(np.int64).min)
+
+_FLOATS = ("float32", "float16", "float64")
+_INTS = ("int64", "int32", "int8", "uint8")
+_ALL = _FLOATS + _INTS + ("bool",)
+_NUM = _FLOATS + _INTS
+
+# dtypes onnxruntime's CPU provider runs each operator on (probed with onnxruntime 1.31, opset 20)
+_SUPPORT: dict[str, tuple[str, ...]] = {
+    "Neg": ("float32", "float16", "float64", "int64", "int32", "int8"),
+    "Abs": _NUM,
+    "Exp": _FLOATS,
+    "Log": _FLOATS,
+    "Sqrt": _FLOATS,
+    "Reciprocal": _FLOATS,
+    "Tanh": _FLOATS,
+    "Sigmoid": _FLOATS,
+    "Floor": _FLOATS,
+    "Ceil": _FLOATS,
+    "Erf": ("float32", "float16"),
+    "Not": ("bool",),
+    "And": ("bool",),
+    "Or": ("bool",),
+    "Add": _NUM,
+    "Sub": _NUM,
+    "Mul": _NUM,
+    "Div": _NUM,
+    "Max": _NUM,
+    "Min": _NUM,
+    "Pow": ("float32", "float16", "float64", "int64", "int32"),
+    "Equal": _ALL,
+    "Less": _NUM,
+    "Greater": _NUM,
+    "Where": _NUM,
+    "ReduceSum": ("float32", "float16", "float64", "int64", "int32"),
+    "ReduceMax": _ALL,
+    "ReduceMin": _ALL,
+    "MatMul": ("float32", "float16", "float64", "int64", "int32"),
+    "Conv": ("float32", "float16"),
+}
+
+# the dtypes to try, in order, when onnxruntime lacks a kernel for a dtype
+_WIDER: dict[str, tuple[str, ...]] = {
+    "bool": ("uint8", "int32", "int64", "float32"),
+    "uint8": ("int32", "int64", "float64", "float32"),
+    "int8": ("int32", "int64", "float64", "float32"),
+    "int32": ("int64", "float64", "float32"),
+    "int64": ("float64", "float32"),
+    "float16": ("float32", "float64"),
+    "float32": ("float64",),
+    "float64": ("float32",),
+}
+
+_UNARY = {
+    Op.NEG: "Neg",
+    Op.EXP: "Exp",
+    Op.LOG: "Log",
+    Op.SQRT: "Sqrt",
+    Op.RECIPROCAL: "Reciprocal",
+    Op.TANH: "Tanh",
+    Op.ERF: "Erf",
+    Op.SIGMOID: "Sigmoid",
+    Op.ABS: "Abs",
+    Op.FLOOR: "Floor",
+    Op.CEIL: "Ceil",
+    Op.NOT: "Not",
+}
+_BINARY = {
+    Op.ADD: "Add",
+    Op.SUB: "Sub",
+    Op.MUL: "Mul",
+    Op.DIV: "Div",
+    Op.POW: "Pow",
+    Op.MAX: "Max",
+    Op.MIN: "Min",
+    Op.EQUAL: "Equal",
+    Op.LESS: "Less",
+    Op.GREATER: "Greater",
+    Op.AND: "And",
+    Op.OR: "Or",
+}
+_REDUCE = {Op.REDUCE_SUM: "ReduceSum", Op.REDUCE_MAX: "ReduceMax", Op.REDUCE_MIN: "ReduceMin"}
+# the opset from which each reduction takes ``axes`` as an input instead of an attribute
+_REDUCE_AXES_INPUT = {"ReduceSum": 13, "ReduceMax": 18, "ReduceMin": 18}
+_FLOAT_ONLY = {"Exp", "Log", "Sqrt", "Reciprocal", "Tanh", "Erf", "Sigmoid", "Floor", "Ceil"}
+# above this many gathered elements WINDOW is lowered to one Slice per kernel offset
+_WINDOW_GATHER_LIMIT = 1 << 20
+
+
+def _contig(arr: np.ndarray) -> np.ndarray:
+    # not np.ascontiguousarray: it turns rank-0 arrays into shape (1,)
+    return np.require(arr, requirements="C")
+
+
+def _tt(dtype: str) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def compute_dtype(dtype: str, op_type: str) -> str:
+    """The dtype onnxruntime computes ``op_type`` in for a ``dtype`` computation."""
+    sup = _SUPPORT.get(op_type)
+    if sup is None or dtype in sup:
+        return dtype
+    for d in _WIDER.get(dtype, ()):
+        if d in sup:
+            return d
+    raise NotImplementedError(f"onnxruntime has no {op_type} kernel for {dtype}")
+
+
+class _Exporter:
+    def __init__(self, graph: Graph, const_inputs: dict[str, np.ndarray], opset: int):
+        from onnx import helper, numpy_helper
+
+        self.helper = helper
+        self.numpy_helper = numpy_helper
+        self.g = graph
+        self.const_inputs = const_inputs
+        self.opset = opset
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.used: set[str] = set()
+        self.names: dict[int, str] = {}
+        self.named: set[str] = set()
+        self._init_cache: dict[tuple, str] = {}
+        self._counter = 0
+        self.eff: dict[int, tuple[int, ...]] = {}
+
+    # --- helpers -----------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        name = base
+        while name in self.used:
+            self._counter += 1
+            name = f"{base}_{self._counter}"
+        self.used.add(name)
+        return name
+
+    def init(self, arr: np.ndarray, base: str = "k") -> str:
+        """An initializer holding ``arr``; small ones are shared by value."""
+        arr = np.asarray(arr)
+        key = None
+        if arr.size <= 64:
+            key = (str(arr.dtype), arr.shape, arr.tobytes())
+            if key in self._init_cache:
+                return self._init_cache[key]
+        name = self.fresh(base)
+        self.inits.append(self.numpy_helper.from_array(_contig(arr), name))
+        if key is not None:
+            self._init_cache[key] = name
+        return name
+
+    def ints(self, values: Sequence[int], base: str = "i") -> str:
+        return self.init(np.array(list(values), dtype=np.int64), base)
+
+    def op(self, op_type: str, inputs: Sequence[str], out: str | None = None, domain: str = "", **attrs) -> str:
+        out = out if out is not None else self.fresh(op_type.lower())
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], domain=domain or None, **attrs))
+        return out
+
+    def cast(self, name: str, src: str, dst: str, out: str | None = None) -> str:
+        if src == dst:
+            return name if out is None else self.op("Identity", [name], out)
+        return self.op("Cast", [name], out, to=_tt(dst))
+
+    def finish(self, name: str, src: str, dst: str, out: str) -> str:
+        """Bring ``name`` (dtype ``src``) to dtype ``dst`` under the tensor name ``out``."""
+        if name == out:
+            assert src == dst
+            return out
+        if src == dst:
+            # rename the last node's output instead of adding an Identity
+            last = self.nodes[-1] if self.nodes else None
+            if last is not None and list(last.output) == [name] and name not in self.named:
+                last.output[0] = out
+                self.used.discard(name)
+                return out
+        return self.cast(name, src, dst, out)
+
+    def set_name(self, nid: int, name: str) -> None:
+        self.names[nid] = name
+        self.named.add(name)
+
+    def tensor(self, nid: int) -> str:
+        """The tensor name of node ``nid``; rank-0 constants get an initializer on first use."""
+        name = self.names.get(nid)
+        if name is None:
+            node = self.g.nodes[nid]
+            assert node.is_scalar_const, f"%{nid} used before it is emitted"
+            name = self.init(self.g.const_value(nid), "s")
+            self.set_name(nid, name)
+        return name
+
+    def node_dtype(self, nid: int) -> str:
+        return self.g.nodes[nid].dtype
+
+    def operand(self, nid: int, dtype: str) -> str:
+        """Node ``nid`` as a tensor of ``dtype`` (scalar constants converted at export time)."""
+        node = self.g.nodes[nid]
+        if node.is_scalar_const:
+            return self.init(np.array(node.attr("value"), dtype=node.dtype).astype(dtype), "s")
+        return self.cast(self.tensor(nid), node.dtype, dtype)
+
+    def unify(self, nids: Sequence[int]) -> str:
+        """The dtype numpy computes an elementwise op in (see Note [ONNX dtypes])."""
+        nodes = [self.g.nodes[i] for i in nids]
+        tensors = [n.dtype for n in nodes if not n.is_scalar_const]
+        if not tensors:
+            return str(np.result_type(*[np.dtype(n.dtype) for n in nodes]))
+        d = np.result_type(*[np.dtype(t) for t in tensors])
+        for n in nodes:
+            if not n.is_scalar_const or n.dtype == d:
+                continue
+            v = np.array(n.attr("value"), dtype=n.dtype)
+            same_kind = v.dtype.kind == d.kind == "f"
+            with np.errstate(all="ignore"):
+                exact = bool(v.astype(d).astype(v.dtype) == v)
+            if not (same_kind or exact):
+                d = np.result_type(d, v.dtype)
+        return str(d)
+
+    # --- lowering ----------------------------------------------------------------
+    def lower(self, nid: int, node: Node, out: str) -> None:
+        op = node.op
+        ins = self.eff.get(nid, node.inputs)
+        if op is Op.CAST:
+            self.cast(self.tensor(ins[0]), self.node_dtype(ins[0]), node.dtype, out)
+        elif op in _UNARY or op in _BINARY:
+            op_type = _UNARY.get(op) or _BINARY[op]
+            d = self.unify(ins)
+            if op_type in ("Not", "And", "Or"):
+                d = "bool"
+            elif (op_type in _FLOAT_ONLY or op is Op.DIV) and np.dtype(d).kind != "f":
+                # numpy computes exp(int) in float64, and the interpreter's integer DIV is
+                # trunc(a / b) in float64 (also no SIGFPE on a zero divisor, as int Div would raise)
+                d = "float64"
+            if op_type in ("Floor", "Ceil") and np.dtype(d).kind != "f":
+                self.finish(self.operand(ins[0], d), d, node.dtype, out)
+                return
+            cd = compute_dtype(d, op_type)
+            zero = [i for i in ins if self.g.nodes[i].is_scalar_const and self.g.nodes[i].attr("value") == 0]
+            if op is Op.MAX and zero and cd in ("float32", "float64") and len(ins) == 2:
+                # max(x, 0) as Relu, which onnxruntime fuses into Conv / Gemm
+                x = ins[0] if ins[1] == zero[0] else ins[1]
+                self.finish(self.op("Relu", [self.operand(x, cd)]), cd, node.dtype, out)
+                return
+            y = self.op(op_type, [self.operand(i, cd) for i in ins])
+            ydt = "bool" if op in GroupOp.COMPARE or op_type in ("Not", "And", "Or") else cd
+            self.finish(y, ydt, node.dtype, out)
+        elif op is Op.WHERE:
+            c, a, b = ins
+            d = self.unify([a, b])
+            cd = compute_dtype(d, "Where")
+            y = self.op("Where", [self.operand(c, "bool"), self.operand(a, cd), self.operand(b, cd)])
+            self.finish(y, cd, node.dtype, out)
+        elif op in _REDUCE:
+            op_type = _REDUCE[op]
+            axes = list(node.attr("axes"))
+            if not axes:
+                self.op("Identity", [self.tensor(ins[0])], out)
+                return
+            cd = compute_dtype(node.dtype, op_type)
+            x = self.operand(ins[0], cd)
+            if self.opset >= _REDUCE_AXES_INPUT[op_type]:
+                y = self.op(op_type, [x, self.ints(axes, "axes")], keepdims=1)
+            else:
+                y = self.op(op_type, [x], keepdims=1, axes=axes)
+            self.finish(y, cd, node.dtype, out)
+        elif op is Op.BROADCAST:
+            self.op("Expand", [self.tensor(ins[0]), self.ints(node.shape, "shape")], out)
+        elif op is Op.RESHAPE:
+            attrs = {"allowzero": 1} if 0 in node.shape and self.opset >= 14 else {}
+            self.op("Reshape", [self.tensor(ins[0]), self.ints(node.shape, "shape")], out, **attrs)
+        elif op is Op.TRANSPOSE:
+            self.op("Transpose", [self.tensor(ins[0])], out, perm=list(node.attr("perm")))
+        elif op is Op.SLICE:
+            self.lower_slice(node, out)
+        elif op is Op.CONCAT:
+            self.op("Concat", [self.operand(i, node.dtype) for i in ins], out, axis=int(node.attr("axis")))
+        elif op is Op.PAD:
+            self.lower_pad(node, out)
+        elif op is Op.GATHER:
+            idx = np.array(node.attr("indices"), dtype=np.int64).reshape(node.attr("indices_shape"))
+            self.op("Gather", [self.tensor(ins[0]), self.init(idx, "indices")], out, axis=int(node.attr("axis")))
+        elif op is Op.WINDOW:
+            self.lower_window(node, out)
+        elif op is Op.MATMUL:
+            d = self.unify(ins)
+            cd = compute_dtype(d, "MatMul")
+            y = self.op("MatMul", [self.operand(i, cd) for i in ins])
+            self.finish(y, cd, node.dtype, out)
+        elif op is Op.CONV:
+            d = self.unify(ins)
+            cd = compute_dtype(d, "Conv")
+            w_shape = self.g.nodes[ins[1]].shape
+            y = self.op(
+                "Conv",
+                [self.operand(i, cd) for i in ins],
+                kernel_shape=list(w_shape[2:]),
+                strides=list(node.attr("strides")),
+                dilations=list(node.attr("dilations")),
+                pads=list(node.attr("pads")),
+                group=int(node.attr("group")),
+            )
+            self.finish(y, cd, node.dtype, out)
+        else:
+            raise NotImplementedError(f"to_onnx: no lowering for {op.value}")
+
+    def lower_slice(self, node: Node, out: str) -> None:
+        (src,) = node.inputs
+        in_shape = self.g.nodes[src].shape
+        starts, ends, axes, steps = [], [], [], []
+        for ax, (d, st, sp, ln) in enumerate(
+            zip(in_shape, node.attr("starts"), node.attr("steps"), node.attr("lengths"))
+        ):
+            if ln == 0:
+                st, end, sp = 0, 0, 1
+            elif ln == 1:
+                end, sp = st + 1, 1
+            else:
+                end = st + ln * sp
+                if sp < 0 and end < 0:
+                    end = INT64_MIN  # "past the beginning": a negative end would count from the back
+            if st == 0 and sp == 1 and end >= d:
+                continue  # the whole axis
+            starts.append(st)
+            ends.append(end)
+            axes.append(ax)
+            steps.append(sp)
+        x = self.tensor(src)
+        if not axes:
+            self.op("Identity", [x], out)
+            return
+        self.op(
+            "Slice",
+            [
+                x,
+                self.ints(starts, "starts"),
+                self.ints(ends, "ends"),
+                self.ints(axes, "axes"),
+                self.ints(steps, "steps"),
+            ],
+            out,
+        )
+
+    def lower_pad(self, node: Node, out: str) -> None:
+        if self.opset < 11:
+            raise NotImplementedError("to_onnx: PAD needs opset >= 11")
+        pads = [tuple(p) for p in node.attr("pads")]
+        flat = [b for b, _ in pads] + [a for _, a in pads]
+        mode = node.attr("mode", "constant")
+        x = self.tensor(node.inputs[0])
+        if mode == "constant":
+            value = np.array(node.attr("value", 0.0)).astype(node.dtype)
+            self.op("Pad", [x, self.ints(flat, "pads"), self.init(value, "pad_value")], out, mode="constant")
+        else:
+            self.op("Pad", [x, self.ints(flat, "pads")], out, mode={"reflect": "reflect", "edge": "edge"}[mode])
+
+    def lower_window(self, node: Node, out: str) -> None:
+        (src,) = node.inputs
+        kernel, strides, dil = node.attr("kernel"), node.attr("strides"), node.attr("dilations")
+        nsp = len(kernel)
+        in_shape = self.g.nodes[src].shape
+        lead = in_shape[: len(in_shape) - nsp]
+        spatial = in_shape[len(in_shape) - nsp :]
+        out_sp = node.shape[len(lead) : len(lead) + nsp]
+        x = self.tensor(src)
+        nk = int(np.prod(kernel))
+        if int(np.prod(out_sp)) * nk <= _WINDOW_GATHER_LIMIT:
+            # im2col: flatten the spatial axes and gather every (position, offset) at once
+            grids = np.meshgrid(*[np.arange(o) for o in out_sp], *[np.arange(k) for k in kernel], indexing="ij")
+            flat = np.zeros(tuple(out_sp) + tuple(kernel), dtype=np.int64)
+            stride_in = 1
+            for i in reversed(range(nsp)):
+                flat += (grids[i] * strides[i] + grids[nsp + i] * dil[i]) * stride_in
+                stride_in *= spatial[i]
+            xf = self.op("Reshape", [x, self.ints(list(lead) + [int(np.prod(spatial))], "shape")])
+            self.op("Gather", [xf, self.init(flat, "window_idx")], out, axis=len(lead))
+            return
+        # one strided Slice per kernel offset, stacked on a new last axis
+        axes = list(range(len(lead), len(lead) + nsp))
+        parts = []
+        for kidx in np.ndindex(*kernel):
+            starts = [int(kidx[i] * dil[i]) for i in range(nsp)]
+            ends = [starts[i] + (out_sp[i] - 1) * strides[i] + 1 for i in range(nsp)]
+            sl = self.op(
+                "Slice",
+                [
+                    x,
+                    self.ints(starts, "starts"),
+                    self.ints(ends, "ends"),
+                    self.ints(axes, "axes"),
+                    self.ints(strides, "steps"),
+                ],
+            )
+            parts.append(self.unsqueeze(sl, len(in_shape)))
+        cat = self.op("Concat", parts, axis=len(in_shape)) if len(parts) > 1 else parts[0]
+        self.op("Reshape", [cat, self.ints(node.shape, "shape")], out)
+
+    def unsqueeze(self, x: str, axis: int) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, self.ints([axis], "axes")])
+        return self.op("Unsqueeze", [x], axes=[axis])
+
+
+def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Inputs of binary elementwise nodes with explicit BROADCASTs replaced by their source.
+
+    ONNX broadcasting does the expansion for free, and onnxruntime only fuses a bias
+    into Conv/Gemm when it sees the unexpanded (C,1,1) or (N,) constant.
+    """
+    out: dict[int, tuple[int, ...]] = {}
+    for nid, node in enumerate(graph.nodes):
+        if node.op not in GroupOp.BINARY and node.op is not Op.WHERE:
+            continue
+        ins = list(node.inputs)
+        changed = False
+        for i, src in enumerate(ins):
+            snode = graph.nodes[src]
+            if snode.op is not Op.BROADCAST:
+                continue
+            trial = ins[:i] + [snode.inputs[0]] + ins[i + 1 :]
+            if tuple(np.broadcast_shapes(*[graph.nodes[t].shape for t in trial])) == node.shape:
+                ins = trial
+                changed = True
+        if changed:
+            out[nid] = tuple(ins)
+    return out
+
+
+def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
+    live = [False] * len(graph.nodes)
+    stack = list(graph.outputs.values())
+    while stack:
+        nid = stack.pop()
+        if live[nid]:
+            continue
+        live[nid] = True
+        stack.extend(eff.get(nid, graph.nodes[nid].inputs))
+    return live
+
+
+def _opaque_proto(node: Node):
+    import onnx
+
+    proto = onnx.NodeProto()
+    proto.ParseFromString(node.attr("node"))
+    return proto
+
+
+def _emit_opaque(
+    ex: _Exporter,
+    graph: Graph,
+    live: list[bool],
+    target: dict[int, str],
+    groups: dict[tuple, list[str]],
+    nid: int,
+    node: Node,
+) -> None:
+    """Emit an OPAQUE node's NodeProto once per (operator, inputs); members share its outputs."""
+    in_names = [ex.tensor(i) for i in node.inputs]
+    key = (node.attr("node"), tuple(in_names))
+    k = int(node.attr("out_index"))
+    if key in groups:
+        # emitted with an earlier member; a duplicate that is an output gets an Identity at the end
+        ex.set_name(nid, groups[key][k])
+        return
+    proto = _opaque_proto(node)
+    outs = [""] * len(proto.output)
+    outs[k] = target.get(nid) or ex.fresh(f"t{nid}")
+    for oid in range(nid + 1, len(graph.nodes)):
+        other = graph.nodes[oid]
+        if (
+            live[oid]
+            and other.op is Op.OPAQUE
+            and other.attr("node") == node.attr("node")
+            and other.inputs == node.inputs
+        ):
+            j = int(other.attr("out_index"))
+            if not outs[j]:
+                outs[j] = target.get(oid) or ex.fresh(f"t{oid}")
+    outs = [o or ex.fresh(f"t{nid}_o{j}") for j, o in enumerate(outs)]
+    groups[key] = outs
+    ex.set_name(nid, outs[k])
+    it = iter(in_names)
+    new_inputs = [next(it) if name else "" for name in proto.input]
+    del proto.input[:]
+    proto.input.extend(new_inputs)
+    del proto.output[:]
+    proto.output.extend(outs)
+    proto.name = ex.fresh(f"opaque{nid}")
+    ex.nodes.append(proto)
+
+
+def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, opset: int = 20):
+    """An ``onnx.ModelProto`` computing ``korch.ir.evaluate(graph, ...)``.
+
+    Graph inputs keep their names, except those in ``const_inputs``, which become
+    initializers holding the given values. Outputs are named as in ``graph.outputs``.
+    OPAQUE nodes are emitted as their stored NodeProto; their default-domain opset
+    (the highest, when they differ) becomes the model's, so they keep their meaning.
+    """
+    from onnx import helper
+
+    const_inputs = dict(const_inputs or {})
+    eff = _bypass_broadcasts(graph)
+    live = _live(graph, eff)
+    # opsets: ours, overridden by the opaque nodes' own
+    domains: dict[str, int] = {}
+    for nid, node in enumerate(graph.nodes):
+        if live[nid] and node.op is Op.OPAQUE:
+            for dom, ver in node.attr("opset"):
+                dom = "" if dom == "ai.onnx" else dom
+                domains[dom] = max(domains.get(dom, 0), int(ver))
+    default_opset = domains.pop("", opset)
+    ex = _Exporter(graph, const_inputs, default_opset)
+    ex.eff = eff
+
+    # reserve user-visible names first
+    for name in graph.inputs:
+        ex.used.add(name)
+    for name in graph.outputs:
+        ex.used.add(name)
+    # compute nodes that are graph outputs write the output name directly (first name wins)
+    target: dict[int, str] = {}
+    for name, nid in graph.outputs.items():
+        if graph.nodes[nid].op not in GroupOp.SOURCE and nid not in target:
+            target[nid] = name
+
+    for name, nid in graph.inputs.items():
+        node = graph.nodes[nid]
+        ex.set_name(nid, name)
+        if name in const_inputs:
+            val = np.asarray(const_inputs[name], dtype=node.dtype).reshape(node.shape)
+            ex.inits.append(ex.numpy_helper.from_array(_contig(val), name))
+        else:
+            ex.inputs.append(helper.make_tensor_value_info(name, _tt(node.dtype), list(node.shape)))
+
+    opaque_groups: dict[tuple, list[str]] = {}
+    for nid, node in enumerate(graph.nodes):
+        if not live[nid] or node.op is Op.INPUT:
+            continue
+        if node.op is Op.CONST:
+            if not node.is_scalar_const:  # rank-0 ones are emitted where used (Exporter.tensor)
+                cname = node.attr("name")
+                ex.set_name(nid, ex.init(graph.const_value(nid), cname if cname not in ex.used else f"c_{cname}"))
+            continue
+        if node.op is Op.OPAQUE:
+            _emit_opaque(ex, graph, live, target, opaque_groups, nid, node)
+            continue
+        out = target.get(nid) or ex.fresh(f"t{nid}")
+        ex.set_name(nid, out)
+        ex.lower(nid, node, out)
+
+    outputs = []
+    for name, nid in graph.outputs.items():
+        node = graph.nodes[nid]
+        if ex.tensor(nid) != name:
+            ex.op("Identity", [ex.tensor(nid)], name)
+        outputs.append(helper.make_tensor_value_info(name, _tt(node.dtype), list(node.shape)))
+
+    gproto = helper.make_graph(ex.nodes, "korch", ex.inputs, outputs, initializer=ex.inits)
+    opsets = [helper.make_opsetid("", default_opset)] + [helper.make_opsetid(d, v) for d, v in sorted(domains.items())]
+    model = helper.make_model(gproto, opset_imports=opsets, producer_name="korch")
+    try:
+        model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    except Exception:  # noqa: BLE001 - keep make_model's choice
+        pass
+    model.ir_version = max(model.ir_version, 8)
+    return model

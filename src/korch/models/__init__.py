@@ -1,0 +1,42 @@
+"""Test models: small ONNX blocks (``zoo``) and hand-built primitive graphs (``synthetic``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from korch.models.zoo import BUILDERS
+
+NAMES: list[str] = list(BUILDERS)
+
+
+def build(name: str, seed: int = 0) -> onnx.ModelProto:
+    """The model ``name`` (one of ``NAMES``) with weights drawn from ``seed``."""
+    if name not in BUILDERS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(NAMES)}")
+    return BUILDERS[name](seed=seed)
+
+
+def save(name: str, path: str | Path, seed: int = 0) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(build(name, seed), str(path))
+    return path
+
+
+def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal float32 feeds for every (static-shaped) graph input."""
+    rng = np.random.default_rng(seed)
+    init = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+__all__ = ["NAMES", "build", "random_inputs", "save"]

@@ -1,0 +1,36 @@
+"""The rule tables, grouped by theme (see Note [Rewrite rules] in pattern.py).
+
+SEARCH rules may make a graph better or worse; the cost-guided search chooses.
+SIMPLIFY rules always help; the driver applies them greedily to every graph.
+"""
+
+from korch.rewrite.rules.affine import AFFINE_RULES
+from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
+from korch.rewrite.rules.linear import LINEAR_RULES
+from korch.rewrite.rules.merge import MERGE_RULES
+
+TABLES = {
+    "linear": LINEAR_RULES,
+    "merge": MERGE_RULES,
+    "affine": AFFINE_RULES,
+    "layout": LAYOUT_RULES,
+    "const_fold": CONST_FOLD_RULES,
+}
+SEARCH = LINEAR_RULES + MERGE_RULES + AFFINE_RULES
+SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
+ALL_RULES = SEARCH + SIMPLIFY
+RULES_BY_NAME = {r.name: r for r in ALL_RULES}
+assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
+
+__all__ = [
+    "AFFINE_RULES",
+    "ALL_RULES",
+    "CONST_FOLD_RULES",
+    "LAYOUT_RULES",
+    "LINEAR_RULES",
+    "MERGE_RULES",
+    "RULES_BY_NAME",
+    "SEARCH",
+    "SIMPLIFY",
+    "TABLES",
+]

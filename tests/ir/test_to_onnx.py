@@ -1,0 +1,341 @@
+"""to_onnx: every primitive exported to ONNX computes what korch.ir.evaluate computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from korch.ir import Graph, GraphBuilder, Op, evaluate, verify
+from korch.ir import to_onnx as to_onnx_mod
+from korch.ir.to_onnx import to_onnx
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def check(graph: Graph, feeds: dict[str, np.ndarray], rtol=1e-5, atol=1e-6, opset=20, const_inputs=None):
+    verify(graph)
+    model = to_onnx(graph, const_inputs=const_inputs, opset=opset)
+    onnx.checker.check_model(model, full_check=True)
+    want = evaluate(graph, {**feeds, **(const_inputs or {})})
+    got = _run(model, feeds)
+    assert set(got) == set(graph.outputs)
+    for name, w in want.items():
+        g = got[name]
+        assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        if w.dtype.kind in "biu":
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        else:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
+    return model
+
+
+rng = np.random.default_rng(0)
+
+
+def randn(*shape, dtype="float32"):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def test_elementwise_float():
+    b = GraphBuilder()
+    x = b.input("x", (3, 4), "float32")
+    y = b.input("y", (3, 4), "float32")
+    ax = b.unary(Op.ABS, x)
+    pos = b.add(Op.ADD, [ax, b.scalar(1.0, x)])
+    unary = {
+        "neg": b.unary(Op.NEG, x),
+        "exp": b.unary(Op.EXP, x),
+        "log": b.unary(Op.LOG, pos),
+        "sqrt": b.unary(Op.SQRT, pos),
+        "recip": b.unary(Op.RECIPROCAL, pos),
+        "tanh": b.unary(Op.TANH, x),
+        "erf": b.unary(Op.ERF, x),
+        "sigmoid": b.unary(Op.SIGMOID, x),
+        "abs": ax,
+        "floor": b.unary(Op.FLOOR, x),
+        "ceil": b.unary(Op.CEIL, x),
+    }
+    binary = {op.value: b.add(op, [x, y]) for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN)}
+    binary["pow"] = b.add(Op.POW, [pos, y])
+    binary["pow_scalar"] = b.add(Op.POW, [x, b.scalar(2.0, x)])
+    binary["scaled"] = b.add(Op.MUL, [x, b.const(np.array(0.1, dtype="float64"))])  # float64 scalar
+    lt = b.add(Op.LESS, [x, y])
+    gt = b.add(Op.GREATER, [x, y])
+    eq = b.add(Op.EQUAL, [b.unary(Op.FLOOR, x), b.unary(Op.CEIL, x)])
+    logic = {
+        "lt": lt,
+        "gt": gt,
+        "eq": eq,
+        "not": b.unary(Op.NOT, lt),
+        "and": b.add(Op.AND, [lt, gt]),
+        "or": b.add(Op.OR, [lt, eq]),
+        "where": b.add(Op.WHERE, [lt, x, y]),
+        "where_scalar": b.add(Op.WHERE, [gt, x, b.scalar(0.0, x)]),
+    }
+    for name, nid in {**unary, **binary, **logic}.items():
+        b.output(name, nid)
+    check(b.graph, {"x": randn(3, 4), "y": randn(3, 4)})
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 0 / 0 in the interpreter
+def test_cast_and_integer_ops():
+    b = GraphBuilder()
+    x = b.input("x", (2, 5), "float32")
+    i = b.input("i", (2, 5), "int64")
+    j = b.input("j", (2, 5), "int64")
+    b.output("to_i32", b.unary(Op.CAST, x, to="int32"))
+    b.output("to_bool", b.unary(Op.CAST, x, to="bool"))
+    b.output("to_f16", b.unary(Op.CAST, x, to="float16"))
+    b.output("div", b.add(Op.DIV, [i, j]))  # truncating
+    b.output("add", b.add(Op.ADD, [i, j]))
+    b.output("neg", b.unary(Op.NEG, i))
+    b.output("exp_int", b.unary(Op.EXP, b.unary(Op.CAST, i, to="int32")))  # computed in float64
+    b.output("floor_int", b.unary(Op.FLOOR, i))
+    b.output("half", b.add(Op.MUL, [i, b.const(np.array(0.5))]))  # int * 0.5 computed in float64
+    b.output("twice", b.add(Op.MUL, [i, b.const(np.array(2.0))]))
+    i8 = b.unary(Op.CAST, i, to="int8")
+    b.output("i8_neg_max", b.add(Op.MAX, [b.unary(Op.NEG, i8), i8]))
+    b.output("u8_add", b.add(Op.ADD, [b.unary(Op.CAST, i, to="uint8"), b.unary(Op.CAST, j, to="uint8")]))
+    bx = b.unary(Op.CAST, x, to="bool")
+    b.output("bool_sum", b.add(Op.REDUCE_SUM, [b.unary(Op.CAST, bx, to="int32")], axes=(1,)))
+    b.output("bool_max", b.add(Op.REDUCE_MAX, [bx], axes=(0,)))
+    b.output("less_bool", b.add(Op.LESS, [bx, b.unary(Op.NOT, bx)]))
+    ii = rng.integers(-20, 20, (2, 5))
+    jj = rng.integers(1, 7, (2, 5)) * rng.choice([-1, 1], (2, 5))
+    jj[1, 1] = 0  # integer division by zero must not crash (numpy: trunc(a / b) in float64)
+    ii[1, 1] = 0
+    xx = randn(2, 5) * 3
+    xx[0, 0] = 0.0
+    check(b.graph, {"x": xx, "i": ii, "j": jj})
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17, 20])
+def test_reduce(opset):
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4), "float32")
+    b.output("sum1", b.reduce(Op.REDUCE_SUM, x, [1]))
+    b.output("sum02", b.reduce(Op.REDUCE_SUM, x, [0, 2]))
+    b.output("max", b.reduce(Op.REDUCE_MAX, x, [2]))
+    b.output("min_all", b.reduce(Op.REDUCE_MIN, x, [0, 1, 2]))
+    b.output("sum_nokeep", b.reduce(Op.REDUCE_SUM, x, [2], keepdims=False))
+    b.output("isum", b.reduce(Op.REDUCE_SUM, b.unary(Op.CAST, x, to="int8"), [2]))  # int8: computed wider
+    check(b.graph, {"x": randn(2, 3, 4)}, opset=opset)
+
+
+def test_broadcast_reshape_transpose_concat():
+    b = GraphBuilder()
+    x = b.input("x", (2, 3), "float32")
+    v = b.input("v", (3,), "float32")
+    b.output("bias", b.binary(Op.ADD, x, v))  # RESHAPE + BROADCAST
+    b.output("bcast", b.add(Op.BROADCAST, [b.reshape(x, (2, 1, 3))], shape=(2, 4, 3)))
+    b.output("t", b.transpose(x, (1, 0)))
+    b.output("r", b.reshape(x, (3, 2)))
+    b.output("cat", b.add(Op.CONCAT, [x, b.unary(Op.NEG, x), x], axis=1))
+    b.output("cat0", b.add(Op.CONCAT, [x, x], axis=0))
+    check(b.graph, {"x": randn(2, 3), "v": randn(3)})
+
+
+def test_slice():
+    b = GraphBuilder()
+    x = b.input("x", (5, 6, 4), "float32")
+    cases = {
+        "pos": ((1, 0, 0), (2, 1, 1), (2, 6, 4)),
+        "rev": ((4, 5, 3), (-1, -1, -1), (5, 6, 4)),  # end lands at -1: "past the beginning"
+        "rev_step2": ((4, 5, 0), (-2, -3, 1), (3, 2, 4)),
+        "mid_rev": ((3, 4, 2), (-1, -2, -1), (2, 2, 2)),
+        "one": ((4, 5, 3), (-1, 7, 1), (1, 1, 1)),
+        "full": ((0, 0, 0), (1, 1, 1), (5, 6, 4)),
+        "step3": ((0, 1, 1), (3, 2, 2), (2, 3, 2)),
+    }
+    for name, (starts, steps, lengths) in cases.items():
+        b.output(name, b.add(Op.SLICE, [x], starts=starts, steps=steps, lengths=lengths))
+    check(b.graph, {"x": randn(5, 6, 4)})
+
+
+def test_pad():
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 4), "float32")
+    b.output("const", b.add(Op.PAD, [x], pads=((0, 0), (1, 2), (2, 0)), mode="constant", value=1.5))
+    b.output("zero", b.add(Op.PAD, [x], pads=((1, 0), (0, 0), (0, 3))))
+    b.output("reflect", b.add(Op.PAD, [x], pads=((0, 0), (2, 1), (3, 3)), mode="reflect"))
+    b.output("edge", b.add(Op.PAD, [x], pads=((0, 1), (2, 1), (5, 0)), mode="edge"))
+    i = b.unary(Op.CAST, x, to="int64")
+    b.output("int_pad", b.add(Op.PAD, [i], pads=((0, 0), (1, 1), (1, 1)), mode="constant", value=7))
+    check(b.graph, {"x": randn(2, 3, 4)})
+
+
+def test_gather():
+    b = GraphBuilder()
+    x = b.input("x", (4, 5, 3), "float32")
+    b.output("g1", b.add(Op.GATHER, [x], axis=1, indices=(4, 0, 0, 2), indices_shape=(4,)))
+    b.output("g2", b.add(Op.GATHER, [x], axis=0, indices=(3, 1, 2, 0, 1, 1), indices_shape=(2, 3)))
+    b.output("g0", b.add(Op.GATHER, [x], axis=2, indices=(1,), indices_shape=()))
+    check(b.graph, {"x": randn(4, 5, 3)})
+
+
+@pytest.mark.parametrize("limit,opset", [(1 << 20, 20), (0, 20), (0, 11)], ids=["gather", "slices", "slices_opset11"])
+def test_window(monkeypatch, limit, opset):
+    monkeypatch.setattr(to_onnx_mod, "_WINDOW_GATHER_LIMIT", limit)
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 9, 8), "float32")
+    b.output("w", b.add(Op.WINDOW, [x], kernel=(3, 2), strides=(2, 1), dilations=(1, 2)))
+    b.output("w1", b.add(Op.WINDOW, [x], kernel=(4,), strides=(3,), dilations=(1,)))
+    b.output("w3", b.add(Op.WINDOW, [x], kernel=(1, 3, 3), strides=(1, 1, 2), dilations=(1, 1, 1)))
+    check(b.graph, {"x": randn(2, 3, 9, 8)}, opset=opset)
+
+
+def test_matmul_conv():
+    b = GraphBuilder()
+    a = b.input("a", (4, 6), "float32")
+    ab = b.input("ab", (3, 4, 6), "float32")
+    w = b.const(randn(6, 5), name="w")
+    wb = b.input("wb", (3, 6, 5), "float32")
+    b.output("mm", b.add(Op.MATMUL, [a, w]))
+    b.output("bmm_shared", b.add(Op.MATMUL, [ab, w]))
+    b.output("bmm", b.add(Op.MATMUL, [ab, wb]))
+    x = b.input("x", (2, 4, 9, 8), "float32")
+    k = b.const(randn(6, 2, 3, 3), name="k")
+    b.output("conv_g", b.add(Op.CONV, [x, k], strides=(2, 1), dilations=(1, 2), pads=(1, 0, 2, 1), group=2))
+    kd = b.const(randn(4, 1, 3, 3), name="kd")
+    b.output("conv_dw", b.add(Op.CONV, [x, kd], strides=(1, 1), dilations=(1, 1), pads=(1, 1, 1, 1), group=4))
+    x1 = b.input("x1", (1, 3, 10), "float32")
+    k1 = b.const(randn(2, 3, 4), name="k1")
+    b.output("conv1d", b.add(Op.CONV, [x1, k1], strides=(2,), dilations=(1,), pads=(1, 2), group=1))
+    check(
+        b.graph,
+        {"a": randn(4, 6), "ab": randn(3, 4, 6), "wb": randn(3, 6, 5), "x": randn(2, 4, 9, 8), "x1": randn(1, 3, 10)},
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_other_dtypes():
+    b = GraphBuilder()
+    x = b.input("x", (2, 3, 5, 5), "float16")
+    k = b.const(randn(4, 3, 3, 3, dtype="float16"), name="k")
+    y = b.add(Op.CONV, [x, k], strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+    b.output("h_conv", y)
+    b.output("h_erf", b.unary(Op.ERF, x))
+    d = b.input("d", (2, 3, 5, 5), "float64")
+    kd = b.const(randn(4, 3, 3, 3, dtype="float64"), name="kd")
+    b.output("d_conv", b.add(Op.CONV, [d, kd], strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1))
+    b.output("d_erf", b.unary(Op.ERF, d))
+    b.output("d_sum", b.reduce(Op.REDUCE_SUM, d, [3]))
+    i = b.input("i", (4, 5), "int32")
+    b.output("i_mm", b.add(Op.MATMUL, [i, b.const(rng.integers(-3, 3, (5, 2)).astype("int32"), name="iw")]))
+    check(
+        b.graph,
+        {
+            "x": randn(2, 3, 5, 5, dtype="float16"),
+            "d": randn(2, 3, 5, 5, dtype="float64"),
+            "i": rng.integers(-9, 9, (4, 5)).astype("int32"),
+        },
+        rtol=2e-3,
+        atol=2e-3,
+    )
+
+
+def _opaque_node_bytes(op_type, n_in, n_out, **attrs) -> bytes:
+    node = helper.make_node(op_type, [f"in{i}" for i in range(n_in)], [f"out{j}" for j in range(n_out)], **attrs)
+    return node.SerializeToString()
+
+
+def test_opaque_single_and_multi_output():
+    b = GraphBuilder()
+    x = b.input("x", (3, 8), "float32")
+    e = b.unary(Op.EXP, x)
+    sm = _opaque_node_bytes("Softmax", 1, 1, axis=-1)
+    s = b.add(Op.OPAQUE, [e], node=sm, opset=(("", 13),), out_index=0, shape=(3, 8), dtype="float32")
+    k = b.const(np.array([3], dtype=np.int64), name="k")
+    topk = _opaque_node_bytes("TopK", 2, 2, axis=1)
+    v = b.add(Op.OPAQUE, [s, k], node=topk, opset=(("", 13),), out_index=0, shape=(3, 3), dtype="float32")
+    i = b.add(Op.OPAQUE, [s, k], node=topk, opset=(("", 13),), out_index=1, shape=(3, 3), dtype="int64")
+    b.output("values", b.unary(Op.NEG, v))
+    b.output("indices", i)
+    b.output("softmax", s)
+    b.output("softmax_again", s)  # one node, two outputs
+    b.output("x_too", x)  # an input as output
+    b.output("k_too", k)  # a constant as output
+    model = check(b.graph, {"x": randn(3, 8)})
+    assert sum(n.op_type == "TopK" for n in model.graph.node) == 1  # emitted once
+    assert {o.domain: o.version for o in model.opset_import}[""] == 13  # the opaque nodes' opset
+
+
+def test_opaque_optional_input():
+    b = GraphBuilder()
+    x = b.input("x", (4, 6), "float32")
+    lo = b.const(np.array(-0.5, dtype="float32"))
+    node = helper.make_node("Clip", ["in0", "", "in1"], ["out0"]).SerializeToString()
+    hi = b.input("hi", (), "float32")
+    c = b.add(Op.OPAQUE, [x, hi], node=node, opset=(("", 17),), out_index=0, shape=(4, 6), dtype="float32")
+    b.output("y", b.add(Op.MAX, [c, lo]))
+    check(b.graph, {"x": randn(4, 6), "hi": np.array(0.3, dtype="float32")}, opset=17)
+
+
+def test_const_inputs_become_initializers():
+    b = GraphBuilder()
+    x = b.input("in0", (4, 6), "float32")
+    w = b.input("in1_c", (6, 3), "float32")
+    bias = b.input("in2_c", (3,), "float32")
+    y = b.binary(Op.ADD, b.add(Op.MATMUL, [x, w]), bias)
+    b.output("out0", b.add(Op.MAX, [y, b.scalar(0.0, y)]))
+    consts = {"in1_c": randn(6, 3), "in2_c": randn(3)}
+    model = check(b.graph, {"in0": randn(4, 6)}, const_inputs=consts)
+    assert [i.name for i in model.graph.input] == ["in0"]
+    assert {"in1_c", "in2_c"} <= {t.name for t in model.graph.initializer}
+
+
+def test_dead_nodes_are_dropped():
+    b = GraphBuilder()
+    x = b.input("x", (4,), "float32")
+    b.unary(Op.EXP, x)
+    b.output("y", b.unary(Op.NEG, x))
+    model = check(b.graph, {"x": randn(4)})
+    assert [n.op_type for n in model.graph.node] == ["Neg"]
+
+
+def test_broadcasts_and_scalars_feeding_layout_ops():
+    b = GraphBuilder()
+    x = b.input("x", (3, 1), "float32")
+    y = b.input("y", (1, 4), "float32")
+    # both operands broadcast: one Expand must stay
+    b.output("outer", b.binary(Op.MUL, x, y))
+    s = b.const(np.array(2.5, dtype="float32"))
+    s2 = b.add(Op.BROADCAST, [b.reshape(s, (1, 1))], shape=(3, 4))
+    b.output("plus_s", b.add(Op.ADD, [s2, b.add(Op.BROADCAST, [x], shape=(3, 4))]))
+    b.output(
+        "where",
+        b.add(
+            Op.WHERE,
+            [
+                b.add(Op.BROADCAST, [b.add(Op.LESS, [y, b.scalar(0.0, y)])], shape=(3, 4)),
+                b.add(Op.BROADCAST, [x], shape=(3, 4)),
+                s2,
+            ],
+        ),
+    )
+    b.output("total", b.reshape(b.reduce(Op.REDUCE_SUM, x, [0, 1]), ()))  # a rank-0 output
+    b.output("scalar", s)  # a rank-0 constant as output
+    check(b.graph, {"x": randn(3, 1), "y": randn(1, 4)})
+
+
+def test_bias_and_relu_reach_onnxruntime_unexpanded():
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6), "float32")
+    w = b.const(randn(8, 4, 3, 3), name="w")
+    y = b.add(Op.CONV, [x, w], strides=(1, 1), dilations=(1, 1), pads=(1, 1, 1, 1), group=1)
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(8), name="bias"), (8, 1, 1)))
+    b.output("y", b.add(Op.MAX, [y, b.scalar(0.0, y)]))
+    model = check(b.graph, {"x": randn(1, 4, 6, 6)}, rtol=1e-4, atol=1e-5)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Expand" not in ops and "Relu" in ops

@@ -1,0 +1,102 @@
+"""Automatic partitioning: the cap, coverage, convexity and order of partitions."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from korch.identify import count_states
+from korch.ir.ops import GroupOp
+from korch.models.synthetic import from_edges, transformer_layer, wide
+from korch.partition import branch_order, graph_order, partition, partition_io
+
+
+def ancestors(graph) -> list[set[int]]:
+    anc: list[set[int]] = []
+    for node in graph.nodes:
+        a: set[int] = set()
+        for src in node.inputs:
+            a |= {src} | anc[src]
+        anc.append(a)
+    return anc
+
+
+def check_partitions(graph, parts, cap):
+    compute = graph.compute_ids()
+    flat = [n for p in parts for n in p]
+    assert sorted(flat) == compute  # cover every primitive exactly once
+    anc = ancestors(graph)
+    where = {n: k for k, p in enumerate(parts) for n in p}
+    for k, p in enumerate(parts):
+        assert p == sorted(p) and p
+        assert count_states(graph, p, cap) <= cap
+        members = set(p)
+        # convex: no outside node lies on a path between two members
+        for j in compute:
+            if j not in members:
+                assert not (anc[j] & members and any(j in anc[m] for m in members))
+        # execution in sequence: producers come from this or an earlier partition
+        for n in p:
+            for src in graph.nodes[n].inputs:
+                if graph.nodes[src].op not in GroupOp.SOURCE:
+                    assert where[src] <= k
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 14))
+    return from_edges([[j for j in range(i) if draw(st.integers(0, 3)) == 0] for i in range(n)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(dags(), st.integers(2, 30))
+def test_random_dags(graph, cap):
+    check_partitions(graph, partition(graph, cap), cap)
+
+
+def test_orders_are_topological():
+    g = wide(branches=5, depth=2)
+    for order in (graph_order(g), branch_order(g)):
+        assert sorted(order) == g.compute_ids()
+        pos = {n: i for i, n in enumerate(order)}
+        for n in order:
+            assert all(pos[s] < pos[n] for s in g.nodes[n].inputs if s in pos)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_wide_graph_partitions_quickly(interleaved):
+    g = wide(branches=30, depth=3, interleaved=interleaved)
+    t0 = time.perf_counter()
+    parts = partition(g, 400)
+    assert time.perf_counter() - t0 < 2.0
+    check_partitions(g, parts, 400)
+    # 121 primitives; one branch (4 primitives) has 5 states, so a segment of 3.5
+    # branches fits under 400: the branch order packs 14 primitives per partition.
+    assert len(parts) == 9
+
+
+def test_transformer_layer():
+    g = transformer_layer()
+    parts = partition(g, 400)
+    check_partitions(g, parts, 400)
+    assert len(parts) == 3
+    check_partitions(g, partition(g, 50), 50)
+    chain = from_edges([[i - 1] if i else [] for i in range(50)])
+    assert partition(chain, 51) == [chain.compute_ids()]
+    assert len(partition(chain, 50)) == 2
+
+
+def test_cap_below_two_is_rejected():
+    with pytest.raises(ValueError):
+        partition(from_edges([[]]), 1)
+
+
+def test_partition_io():
+    # 0 -> 1 -> 2, 0 -> 3; output at 2 and 3 (node id = primitive index + 1)
+    g = from_edges([[], [0], [1], [0]])
+    assert partition_io(g, [1, 2]) == ([1, 2], [0])  # 1 feeds 4, 2 feeds 3: both outside
+    assert partition_io(g, [1, 2, 3]) == ([1, 3], [0])  # 2 feeds only 3, inside
+    assert partition_io(g, [3, 4]) == ([3, 4], [1, 2])  # graph outputs

@@ -1,0 +1,348 @@
+"""Every rule is an equation: check each on random instances against the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from korch.ir import GraphBuilder, Op, evaluate, print_graph, verify
+from korch.rewrite import ALL_RULES, RULES_BY_NAME, apply_rule
+
+RTOL, ATOL = 1e-4, 1e-5
+SEEDS = range(3)
+
+
+def _dim(rng, lo=2, hi=6) -> int:
+    return int(rng.integers(lo, hi))
+
+
+def _w(rng, *shape, lo=None, hi=None):
+    if lo is not None:
+        return rng.uniform(lo, hi, shape).astype(np.float32)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _softmax(b: GraphBuilder, x: int, variant: int) -> int:
+    r = len(b.shape(x))
+    e = b.unary(Op.EXP, b.binary(Op.SUB, x, b.reduce(Op.REDUCE_MAX, x, [r - 1])))
+    if variant == 2:  # the row sum already turned into a MatMul with ones
+        s = b.add(Op.MATMUL, [e, b.const(np.ones((b.shape(e)[-1], 1), np.float32))])
+    else:
+        s = b.reduce(Op.REDUCE_SUM, e, [r - 1])
+    if variant == 1:  # multiply by the reciprocal instead of dividing
+        return b.binary(Op.MUL, e, b.unary(Op.RECIPROCAL, s))
+    return b.binary(Op.DIV, e, s)
+
+
+# Each builder returns a graph in which the rule matches; ``seed`` varies the shapes and
+# the variant of the pattern.
+
+
+def inst_reduce_sum_to_matmul(rng, seed):
+    b = GraphBuilder()
+    x = b.input("x", (_dim(rng), _dim(rng), _dim(rng)), "float32")
+    b.output("y", b.unary(Op.EXP, b.reduce(Op.REDUCE_SUM, x, [2])))
+    return b.graph
+
+
+def inst_matmul_ones_to_reduce_sum(rng, seed):
+    b = GraphBuilder()
+    k = _dim(rng)
+    x = b.input("x", (_dim(rng), k), "float32")
+    b.output("y", b.add(Op.MATMUL, [x, b.const(np.ones((k, 1), np.float32))]))
+    return b.graph
+
+
+def inst_softmax_matmul_rowsum(rng, seed):
+    b = GraphBuilder()
+    bt, m, k, n = _dim(rng), _dim(rng), _dim(rng), _dim(rng)
+    x = b.input("x", (bt, m, k), "float32")
+    v = b.input("v", (bt, k, n), "float32") if seed != 1 else b.const(_w(rng, k, n))
+    b.output("y", b.add(Op.MATMUL, [_softmax(b, x, seed), v]))
+    return b.graph
+
+
+def _scaled(b, rng, x, seed):
+    if seed % 2:
+        return b.binary(Op.DIV, x, b.scalar(float(rng.uniform(0.5, 2)), x))
+    return b.binary(Op.MUL, b.scalar(float(rng.uniform(-2, 2)), x), x)  # scalar first: commutativity
+
+
+def inst_matmul_scaled_lhs_out(rng, seed):
+    b = GraphBuilder()
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    x = b.input("x", (m, k), "float32")
+    b.output("y", b.add(Op.MATMUL, [_scaled(b, rng, x, seed), b.const(_w(rng, k, n))]))
+    return b.graph
+
+
+def inst_matmul_scaled_rhs_out(rng, seed):
+    b = GraphBuilder()
+    bt, m, k, n = _dim(rng), _dim(rng), _dim(rng), _dim(rng)
+    x = b.input("x", (bt, m, k), "float32")
+    w = b.input("w", (bt, k, n), "float32")
+    b.output("y", b.add(Op.MATMUL, [x, _scaled(b, rng, w, seed)]))
+    return b.graph
+
+
+def _scale_after(rng, seed):
+    b = GraphBuilder()
+    m, k, n = _dim(rng), _dim(rng), _dim(rng)
+    x = b.input("x", (m, k), "float32")
+    w = b.input("w", (k, n), "float32")
+    b.output("y", _scaled(b, rng, b.add(Op.MATMUL, [x, w]), seed))
+    return b.graph
+
+
+inst_matmul_scale_into_lhs = _scale_after
+inst_matmul_scale_into_rhs = _scale_after
+
+
+def inst_merge_matmul_shared_lhs(rng, seed):
+    b = GraphBuilder()
+    m, k = _dim(rng), _dim(rng)
+    x = b.input("x", (m, k), "float32")
+    x = b.unary(Op.TANH, x)
+    y1 = b.add(Op.MATMUL, [x, b.const(_w(rng, k, _dim(rng)))])
+    y2 = b.add(Op.MATMUL, [x, b.const(_w(rng, k, _dim(rng)))])
+    b.output("y1", y1)
+    b.output("y2", b.unary(Op.EXP, y2))
+    return b.graph
+
+
+def _conv_attrs(rng):
+    s = int(rng.integers(1, 3))
+    return dict(strides=(s, s), dilations=(1, 1), pads=(1, 1, 1, 1), group=1)
+
+
+def inst_merge_conv_shared_input(rng, seed):
+    b = GraphBuilder()
+    c, h = _dim(rng), _dim(rng, 4, 8)
+    x = b.input("x", (1, c, h, h), "float32")
+    attrs = _conv_attrs(rng)
+    y1 = b.add(Op.CONV, [x, b.const(_w(rng, _dim(rng), c, 3, 3))], **attrs)
+    y2 = b.add(Op.CONV, [x, b.const(_w(rng, _dim(rng), c, 3, 3))], **attrs)
+    b.output("y1", y1)
+    b.output("y2", y2)
+    return b.graph
+
+
+def _const_op(op, lo=None, hi=None):
+    def build(rng, seed):
+        b = GraphBuilder()
+        m, n = _dim(rng), _dim(rng)
+        x = b.input("x", (m, n), "float32")
+        c = _w(rng, 1, n, lo=lo, hi=hi) if seed != 2 else _w(rng, m, n, lo=lo, hi=hi)
+        b.output("y", b.binary(op, x, b.const(c)))
+        return b.graph
+
+    return build
+
+
+inst_sub_const_to_add = _const_op(Op.SUB)
+inst_div_const_to_mul = _const_op(Op.DIV, 0.5, 2.0)
+
+
+def _chain(outer, inner):
+    def build(rng, seed):
+        b = GraphBuilder()
+        m, n = _dim(rng), _dim(rng)
+        x = b.input("x", (1, m, n), "float32")
+        c1 = b.const(_w(rng, 1, 1, n)) if seed != 1 else b.scalar(1.5, x)
+        c2 = b.const(_w(rng, 1, m, 1))
+        b.output("y", b.binary(outer, b.binary(inner, x, c1), c2))
+        return b.graph
+
+    return build
+
+
+inst_mul_const_chain = _chain(Op.MUL, Op.MUL)
+inst_add_const_chain = _chain(Op.ADD, Op.ADD)
+inst_mul_over_add_const = _chain(Op.MUL, Op.ADD)
+
+
+def _conv_fold(with_bias):
+    def build(rng, seed):
+        b = GraphBuilder()
+        c, o, h = _dim(rng), _dim(rng), _dim(rng, 3, 7)
+        x = b.input("x", (_dim(rng, 1, 3), c, h, h), "float32")
+        y = b.add(Op.CONV, [x, b.const(_w(rng, o, c, 3, 3))], **_conv_attrs(rng))
+        if with_bias:
+            y = b.binary(Op.ADD, y, b.const(_w(rng, 1, o, 1, 1)))
+        s = b.const(_w(rng, 1, o, 1, 1)) if seed != 1 else b.scalar(0.7, x)
+        b.output("y", b.binary(Op.MUL, s, y))
+        return b.graph
+
+    return build
+
+
+inst_fold_scale_into_conv = _conv_fold(False)
+inst_fold_scale_into_conv_bias = _conv_fold(True)
+
+
+def _matmul_fold(with_bias):
+    def build(rng, seed):
+        b = GraphBuilder()
+        m, k, n = _dim(rng), _dim(rng), _dim(rng)
+        x = b.input("x", (_dim(rng), m, k), "float32")
+        y = b.add(Op.MATMUL, [x, b.const(_w(rng, k, n))])
+        if with_bias:
+            y = b.binary(Op.ADD, y, b.const(_w(rng, n)))
+        b.output("y", b.binary(Op.MUL, y, b.const(_w(rng, n))))
+        return b.graph
+
+    return build
+
+
+inst_fold_scale_into_matmul = _matmul_fold(False)
+inst_fold_scale_into_matmul_bias = _matmul_fold(True)
+
+
+def inst_transpose_identity(rng, seed):
+    b = GraphBuilder()
+    x = b.input("x", (_dim(rng), _dim(rng)), "float32")
+    b.output("y", b.unary(Op.EXP, b.add(Op.TRANSPOSE, [x], perm=(0, 1))))
+    return b.graph
+
+
+def inst_transpose_transpose(rng, seed):
+    b = GraphBuilder()
+    x = b.input("x", (_dim(rng), _dim(rng), _dim(rng)), "float32")
+    p1 = [int(i) for i in rng.permutation(3)]
+    p2 = [int(i) for i in rng.permutation(3)] if seed else [p1.index(i) for i in range(3)]  # seed 0: cancels
+    t = b.add(Op.TRANSPOSE, [b.add(Op.TRANSPOSE, [x], perm=p1)], perm=p2)
+    b.output("y", b.unary(Op.EXP, t))
+    return b.graph
+
+
+def inst_reshape_identity(rng, seed):
+    b = GraphBuilder()
+    x = b.input("x", (_dim(rng), _dim(rng)), "float32")
+    b.output("y", b.unary(Op.EXP, b.add(Op.RESHAPE, [x], shape=b.shape(x))))
+    return b.graph
+
+
+def inst_reshape_reshape(rng, seed):
+    b = GraphBuilder()
+    m, n = _dim(rng), _dim(rng)
+    x = b.input("x", (m, n), "float32")
+    r = b.add(Op.RESHAPE, [b.add(Op.RESHAPE, [x], shape=(m * n,))], shape=(n, m) if seed else (m, n))
+    b.output("y", b.unary(Op.EXP, r))
+    return b.graph
+
+
+def inst_broadcast_identity(rng, seed):
+    b = GraphBuilder()
+    x = b.input("x", (_dim(rng), _dim(rng)), "float32")
+    b.output("y", b.unary(Op.EXP, b.add(Op.BROADCAST, [x], shape=b.shape(x))))
+    return b.graph
+
+
+def inst_slice_identity(rng, seed):
+    b = GraphBuilder()
+    m, n = _dim(rng), _dim(rng)
+    x = b.input("x", (m, n), "float32")
+    b.output("y", b.unary(Op.EXP, b.add(Op.SLICE, [x], starts=(0, 0), steps=(1, 1), lengths=(m, n))))
+    return b.graph
+
+
+def inst_slice_slice(rng, seed):
+    b = GraphBuilder()
+    n = _dim(rng, 8, 12)
+    x = b.input("x", (3, n), "float32")
+    s1 = b.add(Op.SLICE, [x], starts=(1, 1), steps=(1, 2), lengths=(2, (n - 2) // 2 + 1))
+    m = b.shape(s1)[1]
+    s2 = b.add(
+        Op.SLICE, [s1], starts=(0, 1), steps=(1, 2 if seed else 1), lengths=(2, (m - 2) // (2 if seed else 1) + 1)
+    )
+    b.output("y", b.unary(Op.EXP, s2))
+    return b.graph
+
+
+def inst_transpose_weight_into_matmul(rng, seed):
+    b = GraphBuilder()
+    bt, m, k, n = _dim(rng), _dim(rng), _dim(rng), _dim(rng)
+    x = b.input("x", (bt, m, k), "float32")
+    if seed == 1:
+        wt = b.add(Op.TRANSPOSE, [b.const(_w(rng, bt, n, k))], perm=(0, 2, 1))
+    else:
+        wt = b.add(Op.TRANSPOSE, [b.const(_w(rng, n, k))], perm=(1, 0))
+    b.output("y", b.add(Op.MATMUL, [x, wt]))
+    return b.graph
+
+
+def inst_const_fold(rng, seed):
+    b = GraphBuilder()
+    m, n = _dim(rng), _dim(rng)
+    x = b.input("x", (m, n), "float32")
+    c = b.unary(Op.SQRT, b.binary(Op.ADD, b.const(_w(rng, m, n, lo=0.1, hi=2)), b.scalar(1e-5, x)))
+    b.output("y", b.binary(Op.DIV, x, c))
+    return b.graph
+
+
+INSTANCES = {name[len("inst_") :]: fn for name, fn in globals().items() if name.startswith("inst_")}
+
+
+def _inputs(g, rng):
+    return {name: rng.standard_normal(g.nodes[nid].shape).astype(g.nodes[nid].dtype) for name, nid in g.inputs.items()}
+
+
+def test_every_rule_has_an_instance():
+    names = {r.name for r in ALL_RULES}
+    assert names == set(INSTANCES), f"missing: {names - set(INSTANCES)}, unknown: {set(INSTANCES) - names}"
+    assert all(r.equation for r in ALL_RULES), "every rule states its equation"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", sorted(INSTANCES))
+def test_rule_preserves_numbers(name, seed):
+    rng = np.random.default_rng(1000 * seed + sum(map(ord, name)))
+    g = INSTANCES[name](rng, seed)
+    verify(g)
+    rule = RULES_BY_NAME[name]
+    g2 = apply_rule(g, rule)
+    assert g2 is not None, f"{name} did not match its instance:\n{print_graph(g)}"
+    verify(g2)
+    assert print_graph(g2) != print_graph(g)
+    for _ in range(2):
+        feed = _inputs(g, rng)
+        want, got = evaluate(g, feed), evaluate(g2, feed)
+        assert want.keys() == got.keys()
+        for out in want:
+            np.testing.assert_allclose(got[out], want[out], rtol=RTOL, atol=ATOL, err_msg=f"{name} output {out}")
+
+
+def test_a_wrong_rule_is_caught():
+    """The check has teeth: a rule that drops the scale of a MatMul fails it."""
+    from korch.rewrite import Rule
+    from korch.rewrite.pattern import P, X
+
+    bad = Rule(
+        "bad",
+        P(Op.MATMUL, P(Op.MUL, X("x"), X("s", Op.CONST)), X("w")),
+        lambda b, m, v: b.add(Op.MATMUL, [v("x"), v("w")]),
+    )
+    g = inst_matmul_scaled_lhs_out(np.random.default_rng(0), 0)
+    g2 = apply_rule(g, bad)
+    feed = _inputs(g, np.random.default_rng(1))
+    with pytest.raises(AssertionError):
+        np.testing.assert_allclose(evaluate(g2, feed)["y"], evaluate(g, feed)["y"], rtol=RTOL, atol=ATOL)
+
+
+def test_rules_do_not_match_elsewhere():
+    """Conditions reject near misses: a sum over a non-last axis, a non-scalar scale, a grouped conv."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (3, 4), "float32")
+    r0 = b.reduce(Op.REDUCE_SUM, x, [0])
+    y = b.binary(Op.MUL, x, b.const(_w(rng, 3, 4)))
+    mm = b.add(Op.MATMUL, [y, b.const(_w(rng, 4, 2))])
+    img = b.input("img", (1, 4, 5, 5), "float32")
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=2)
+    c1 = b.add(Op.CONV, [img, b.const(_w(rng, 4, 2, 1, 1))], **attrs)
+    c2 = b.add(Op.CONV, [img, b.const(_w(rng, 2, 2, 1, 1))], **attrs)
+    for i, nid in enumerate((r0, mm, c1, c2)):
+        b.output(f"o{i}", nid)
+    g = b.graph
+    for name in ("reduce_sum_to_matmul", "matmul_scaled_lhs_out", "merge_conv_shared_input"):
+        assert apply_rule(g, RULES_BY_NAME[name]) is None, name
