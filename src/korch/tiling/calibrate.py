@@ -1,0 +1,258 @@
+"""Calibration: micro-benchmarks on this machine fit the CPU target's cost formulas.
+
+Note [Calibration]
+~~~~~~~~~~~~~~~~~~
+Per pipe we time numpy operations against their size and fit the formula of Note
+[Target cost formulas] by least squares:
+
+* load: a read-only reduction (``np.add.reduce``) of S bytes; store: ``ndarray.fill``;
+  each fitted as ``t = per_call + S / T`` on sizes beyond the L2 (the GM regime),
+  once on one thread and once on every core at once (numpy releases the GIL), which
+  gives the per-core bandwidth at 1 and at n cores and so ``T = a + b / cores``;
+* vector APIs: ``np.add``, ``np.exp``, ... on cache-resident float32 arrays, fitted as
+  ``t = per_call + per_elem * n``.
+
+numpy's own dispatch overhead (~1 us) is part of the fitted intercepts: an upper
+bound on a generated kernel's per-call cost. The result is a JSON file per machine
+(``target.calibration_path``), read by ``get_target("cpu")``. Run
+``python -m korch.tiling.calibrate`` (``--full`` for more sizes and repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from korch.tiling.target import calibration_path
+
+
+# --- fits (pure) -------------------------------------------------------------------------
+def fit_linear(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (slope, intercept) of y = slope * x + intercept."""
+    xa = np.asarray(x, dtype=np.float64)
+    ya = np.asarray(y, dtype=np.float64)
+    A = np.stack([xa, np.ones_like(xa)], axis=1)
+    (slope, intercept), *_ = np.linalg.lstsq(A, ya, rcond=None)
+    return float(slope), float(intercept)
+
+
+def fit_transfer(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """(bandwidth in bytes per time unit, per-call cost) of t = per_call + S / bandwidth."""
+    slope, intercept = fit_linear(sizes, times)
+    return 1.0 / max(slope, 1e-12), max(intercept, 0.0)
+
+
+def fit_core_scaling(bw_1: float, bw_n: float, n: int) -> tuple[float, float]:
+    """(a, b) of per-core bandwidth a + b / cores through (1, bw_1) and (n, bw_n)."""
+    if n <= 1:
+        return bw_1, 0.0
+    b = (bw_1 - bw_n) * n / (n - 1)
+    b = max(b, 0.0)
+    return max(bw_1 - b, 1e-3), b
+
+
+def fit_bandwidth_model(samples: dict[int, tuple[Sequence[float], Sequence[float]]]) -> tuple[float, float, float]:
+    """(a, b, per_call) from {cores: (sizes, per-core times)}: least squares on 1/T = f(cores)."""
+    fits = {c: fit_transfer(s, t) for c, (s, t) in samples.items()}
+    cores = sorted(fits)
+    per_call = float(np.mean([fits[c][1] for c in cores]))
+    if len(cores) == 1:
+        return fits[cores[0]][0], 0.0, per_call
+    inv_c = [1.0 / c for c in cores]
+    b, a = fit_linear(inv_c, [fits[c][0] for c in cores])
+    return max(a, 1e-3), max(b, 0.0), per_call
+
+
+# --- measurements -------------------------------------------------------------------------
+def _time_ns(fn: Callable[[], object], repeat: int, min_ns: float = 2e5) -> float:
+    """Best per-call time over ``repeat`` rounds of enough calls to last ``min_ns``."""
+    fn()
+    t0 = time.perf_counter_ns()
+    fn()
+    once = max(time.perf_counter_ns() - t0, 1)
+    inner = max(1, int(min_ns // once))
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter_ns() - t0) / inner)
+    return best
+
+
+def _parallel_ns(make: Callable[[], Callable[[], object]], threads: int, repeat: int) -> float:
+    """Per-call time of ``threads`` copies of an operation running at once (each its own data)."""
+    fns = [make() for _ in range(threads)]
+    results = [0.0] * threads
+    barrier = threading.Barrier(threads)
+
+    def work(i: int) -> None:
+        barrier.wait()
+        results[i] = _time_ns(fns[i], repeat)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return max(results)
+
+
+def _l2_bytes() -> int | None:
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            if (idx / "level").read_text().strip() == "2":
+                text = (idx / "size").read_text().strip().upper()
+                mult = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+                return int(text.rstrip("KM")) * mult
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+_VEC_OPS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], object]] = {
+    "add": lambda x, y, z: np.add(x, y, out=z),
+    "mul": lambda x, y, z: np.multiply(x, y, out=z),
+    "div": lambda x, y, z: np.divide(x, y, out=z),
+    "sqrt": lambda x, y, z: np.sqrt(y, out=z),
+    "exp": lambda x, y, z: np.exp(x, out=z),
+    "log": lambda x, y, z: np.log(y, out=z),
+    "tanh": lambda x, y, z: np.tanh(x, out=z),
+    "compare": lambda x, y, z: np.maximum(x, y, out=z),
+    "reduce": lambda x, y, z: np.add.reduce(x),
+    "copy": lambda x, y, z: np.copyto(z, x),
+    "transpose": lambda x, y, z: np.copyto(z.reshape(64, -1), x.reshape(-1, 64).T),
+}
+
+
+def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: Path | None = None) -> dict:
+    """Measure and fit the CPU target's coefficients; returns (and saves) the JSON dict.
+
+    Precondition: an otherwise idle machine (foreign load inflates every coefficient).
+    """
+    if target != "cpu":
+        raise ValueError("only the cpu target can be calibrated on this machine (cuda: on a lent GPU)")
+    repeat = 7 if quick else 11
+    cores = os.cpu_count() or 1
+    rng = np.random.default_rng(0)
+    # transfers beyond the caches (GM regime): 8 MiB .. 64 MiB
+    big = [8 << 20, 16 << 20, 32 << 20] if quick else [4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20]
+    small = [4 << 10, 16 << 10, 64 << 10, 256 << 10]
+
+    def load_op(nbytes: int) -> Callable[[], Callable[[], object]]:
+        def make():
+            a = rng.standard_normal(nbytes // 4).astype(np.float32)
+            return lambda: np.add.reduce(a)
+
+        return make
+
+    def store_op(nbytes: int) -> Callable[[], Callable[[], object]]:
+        def make():
+            a = np.empty(nbytes // 4, dtype=np.float32)
+            return lambda: a.fill(1.0)
+
+        return make
+
+    out: dict = {
+        "machine": {
+            "node": platform.node(),
+            "processor": platform.processor(),
+            "cores": cores,
+            "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        },
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "quick": quick,
+        "units": "ns",
+    }
+    for name, op in (("load", load_op), ("store", store_op)):
+        samples: dict[int, tuple[list[float], list[float]]] = {}
+        for c in sorted({1, cores}):
+            times = [_parallel_ns(op(s), c, repeat) for s in big]
+            samples[c] = (big, times)
+        # per-call cost from small (cache-resident) transfers, where it is not lost in
+        # the noise of multi-millisecond ones; bandwidth from the large ones
+        stimes = [_time_ns(op(s)(), repeat) for s in small]
+        sbw, spc = fit_transfer(small, stimes)
+        per_core = {
+            c: float(np.median([s / max(t - spc, 1.0) for s, t in zip(sz, ts)])) for c, (sz, ts) in samples.items()
+        }
+        cs = sorted(per_core)
+        a, b = fit_core_scaling(per_core[cs[0]], per_core[cs[-1]], cs[-1]) if len(cs) > 1 else (per_core[cs[0]], 0.0)
+        out[name] = {
+            "large": [a, b],
+            "small": [a, b],
+            "threshold": 0,
+            "per_call": spc,
+            "raw": {str(c): [list(map(float, s)), list(map(float, t))] for c, (s, t) in samples.items()},
+            "cached_bw": sbw,
+        }
+    vec: dict[str, list[float]] = {}
+    # three float32 arrays of the largest size stay inside a 512 KiB L2
+    elems = (
+        [1 << 9, 1 << 11, 1 << 13, 1 << 14] if quick else [1 << 8, 1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13, 1 << 14]
+    )
+    for api, fn in _VEC_OPS.items():
+        times = []
+        for n in elems:
+            x = rng.standard_normal(n).astype(np.float32)
+            y = np.abs(x) + 1.0
+            z = np.empty_like(x)
+            times.append(_time_ns(lambda fn=fn, x=x, y=y, z=z: fn(x, y, z), repeat, min_ns=2e5))
+        pe, pc = fit_linear(elems, times)
+        vec[api] = [max(pe, 1e-4), max(pc, 0.0)]
+    vec["default"] = vec["add"]
+    vec["erf"] = [vec["tanh"][0] * 1.5, vec["tanh"][1]]  # numpy has no erf: assumed
+    vec["sigmoid"] = [vec["exp"][0] + vec["div"][0], vec["exp"][1]]
+    vec["broadcast"] = vec["copy"]
+    vec["select"] = vec["compare"]
+    vec["cast"] = vec["copy"]
+    out["vec"] = vec
+    l2 = _l2_bytes()
+    if l2:
+        out["levels"] = {"l2": l2}
+    out["cores"] = cores
+    if save:
+        dest = path or calibration_path(target)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m korch.tiling.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("--target", default="cpu")
+    p.add_argument("--full", action="store_true", help="more sizes and repeats (slower)")
+    p.add_argument("--out", type=Path, default=None, help="where to write the JSON (default: per-machine cache)")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    data = calibrate(args.target, quick=not args.full, path=args.out)
+    dest = args.out or calibration_path(args.target)
+    summary = {k: data[k] for k in ("load", "store") if k in data}
+    for v in summary.values():
+        v.pop("raw", None)
+    print(
+        json.dumps(
+            {
+                "path": str(dest),
+                "seconds": round(time.perf_counter() - t0, 1),
+                **summary,
+                "vec": data["vec"],
+                "levels": data.get("levels"),
+            },
+            indent=1,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

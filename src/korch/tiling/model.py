@@ -1,0 +1,377 @@
+"""Symbolic buffer-occupancy and pipe-time models of one kernel template on one target.
+
+Note [Tiling model]
+~~~~~~~~~~~~~~~~~~~
+Variables: one tile size ``t_i`` per free axis (Note [Kernel description]) and the core
+split: ``c``, the cores the parallel tile loop is shared across (each core runs
+``ceil(N_par / c)`` of the ``N_par`` parallel tiles; the parent of every parallel
+tile), and in the ``split-reduce`` template ``k``, the cores one row's reduce tiles are
+shared across. Templates:
+
+* ``elementwise``: no reduce axes; one pass;
+* ``one-pass``: reduce axes resident (tile = extent): every input loaded once;
+* ``multi-pass``: reduce axes tiled; pass p recomputes what it needs and reloads its
+  inputs (softmax: 3 passes over x);
+* ``split-reduce``: multi-pass with a row's reduce tiles also spread over ``k`` cores;
+  every pass after the first is another launch (the partial results meet in GM).
+
+Occupancy of each local level (GE): the largest set of tiles alive at once, each
+rounded up to the level's alignment, times its buffer count (GM inputs and outputs go
+through double-buffered queues, intermediates one buffer, RESHAPE a view), plus one
+temporary per reduction; constraint: <= capacity - reserve.
+
+Time (Note [Target cost formulas]): per pipe, per call cost x trip count summed over
+the passes; a transfer's bytes round each contiguous run up to the GM alignment (a
+strided tile moves whole lines/blocks), tile counts are ceilings (tails), small and
+large transfers are piecewise. Kernel time = bottleneck pipe + heads + launch, in us.
+
+The expressions are lambdified twice: with ``math`` for scalar probing (the fast
+solvers) and with numpy for whole grids (the exhaustive solver).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import numpy as np
+import sympy as sp
+
+from korch.tiling.describe import KernelDesc, TensorDesc
+from korch.tiling.target import Target, TransferPipe
+
+# sympy's own Max/Min/Piecewise/ceiling simplify on construction (comparisons, set
+# solving) and take seconds on these expressions, which are only ever evaluated
+# numerically. So the model uses opaque sympy functions, printed by lambdify as calls
+# into the small tables below (one for scalar probing, one for numpy grids).
+_VMAX, _VMIN, _VCEIL, _VGE, _VEQ = (sp.Function(n) for n in ("vmax", "vmin", "vceil", "vge", "veq"))
+
+MATH_FUNCS = {
+    "vmax": max,
+    "vmin": min,
+    "vceil": lambda x: math.ceil(x - 1e-9),
+    "vge": lambda x, t, a, b: a if x >= t else b,
+    "veq": lambda x, y, a, b: a if abs(x - y) < 1e-9 else b,
+}
+NUMPY_FUNCS = {
+    "vmax": lambda *xs: functools.reduce(np.maximum, xs),
+    "vmin": lambda *xs: functools.reduce(np.minimum, xs),
+    "vceil": lambda x: np.ceil(np.asarray(x) - 1e-9),
+    "vge": lambda x, t, a, b: np.where(np.asarray(x) >= t, a, b),
+    "veq": lambda x, y, a, b: np.where(np.abs(np.asarray(x) - y) < 1e-9, a, b),
+}
+
+
+def _max(*args):
+    return args[0] if len(args) == 1 else _VMAX(*args)
+
+
+def _min(*args):
+    return args[0] if len(args) == 1 else _VMIN(*args)
+
+
+def _ceil(e):
+    return e if isinstance(e, sp.Integer) else _VCEIL(e)
+
+
+def _ge(x, threshold, then, other):
+    """``then`` where x >= threshold, else ``other``."""
+    return _VGE(x, threshold, then, other)
+
+
+def _eq(x, y, then, other):
+    return _VEQ(x, y, then, other)
+
+
+def _sym(name: str) -> sp.Symbol:
+    return sp.Symbol(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    """A tiling variable and the flags the axis-ordering solver ranks it by."""
+
+    name: str
+    kind: str  # "tile" or "core"
+    axis: int | None  # the axis a tile variable splits
+    lo: int
+    hi: int
+    candidates: tuple[int, ...]  # the discrete values the solvers may take, ascending
+    parent: bool = False
+    reduce: bool = False
+    broadcast: bool = False
+    innermost: bool = False
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def tile_candidates(extent: int, align: int) -> tuple[int, ...]:
+    """Powers of two, multiples of ``align`` when the axis is innermost, and the extent."""
+    vals = set(_pow2_upto(extent)) | {extent}
+    if align > 1 and extent > align:
+        vals = {v for v in vals if v % align == 0 or v == extent}
+    return tuple(sorted(vals))
+
+
+def core_candidates(cores: int) -> tuple[int, ...]:
+    return tuple(range(1, cores + 1))
+
+
+def _term_extent(term, t: Mapping[int, sp.Expr], dim: int):
+    ax, sc, off = term
+    e = sp.Rational(sc.numerator, sc.denominator) * t[ax] + sp.Rational(off.numerator, off.denominator)
+    if not (isinstance(sc, Fraction) and sc.denominator == 1 and off.denominator == 1):
+        e = _ceil(e)
+    return _min(e, dim)
+
+
+def _dim_extent(entry, t, dim: int):
+    if entry is None:
+        return sp.Integer(dim)
+    if entry == ():
+        return sp.Integer(1)
+    e = sp.Integer(1)
+    for term in entry:
+        e = e * _term_extent(term, t, dim)
+    return _min(e, dim) if len(entry) > 1 else e
+
+
+class TemplateModel:
+    """The symbolic model of ``desc`` under one template on ``target`` (Note [Tiling model])."""
+
+    def __init__(self, desc: KernelDesc, target: Target, template: str):
+        if template not in desc.templates:
+            raise ValueError(f"template {template!r} does not apply to a {desc.kind} kernel")
+        self.desc, self.target, self.template = desc, target, template
+        axes = desc.axes
+        itemsize = min((t.itemsize for t in desc.tensors), default=4)
+        align_elems = max(1, target.vector_bytes // max(itemsize, 1))
+        vars_: list[Var] = []
+        t: dict[int, sp.Expr] = {}
+        for i, a in enumerate(axes):
+            if a.fixed or (template == "one-pass" and a.reduce):
+                t[i] = sp.Integer(a.extent)
+                continue
+            name = f"t{i}"
+            t[i] = _sym(name)
+            cands = tile_candidates(a.extent, align_elems if a.innermost else 1)
+            vars_.append(
+                Var(name, "tile", i, 1, a.extent, cands, reduce=a.reduce, broadcast=a.broadcast, innermost=a.innermost)
+            )
+        c = _sym("c")
+        vars_.append(Var("c", "core", None, 1, target.cores, core_candidates(target.cores), parent=True))
+        k = sp.Integer(1)
+        if template == "split-reduce":
+            k = _sym("k")
+            kc = tuple(v for v in _pow2_upto(target.cores))
+            vars_.append(Var("k", "core", None, 1, target.cores, kc, parent=True, reduce=True))
+        self.vars = tuple(vars_)
+        self.symbols = tuple(_sym(v.name) for v in vars_)
+        self.t = t
+
+        n_tiles = {i: _ceil(sp.Integer(a.extent) / t[i]) for i, a in enumerate(axes)}
+        n_par = sp.Mul(*[n_tiles[i] for i, a in enumerate(axes) if not a.reduce])
+        n_red = sp.Mul(*[n_tiles[i] for i, a in enumerate(axes) if a.reduce])
+        per_core_par = _ceil(n_par / c)
+        c_eff = _ceil(n_par / per_core_par)  # balanced: no core left with a sliver
+        per_core_red = _ceil(n_red / k)
+        cores = c_eff * k
+        self.n_par, self.n_red, self.cores_used = n_par, n_red, cores
+
+        # --- per-tensor tile sizes ---------------------------------------------------
+        self.elems: dict[int, sp.Expr] = {}
+        self.spans_reduce: dict[int, bool] = {}
+        red = set(desc.reduce_axes)
+        for td in desc.tensors:
+            e = sp.Integer(1)
+            for entry, dim in zip(td.dims, td.shape):
+                e = e * _dim_extent(entry, t, dim)
+            if td.scale != 1.0:
+                e = _ceil(e * sp.nsimplify(td.scale))
+            self.elems[td.node] = e
+            self.spans_reduce[td.node] = any(entry and any(term[0] in red for term in entry) for entry in td.dims)
+
+        # --- buffer occupancy per local level -----------------------------------------
+        self.buffers: list[tuple[str, sp.Expr, int]] = []
+        for level in target.local_levels:
+
+            def alloc(node: int, level=level) -> sp.Expr:
+                td = desc.tensor(node)
+                if td.alias:
+                    return sp.Integer(0)
+                nbytes = self.elems[node] * td.itemsize
+                rounded = _ceil(nbytes / level.alignment) * level.alignment
+                count = 2 if td.level == "gm" or td.role == "output" else 1
+                return rounded * count
+
+            sets = [sp.Add(*[alloc(n) for n in live]) for live in desc.live_sets] or [sp.Integer(0)]
+            temp = sp.Integer(0)
+            for call in desc.calls:
+                if call.api == "reduce":
+                    out = self.elems[call.node] * call.itemsize
+                    temp = temp + _max(_ceil(out / level.alignment) * level.alignment, target.vector_bytes)
+            self.buffers.append((level.name, _max(*sets) + temp, level.usable))
+
+        # --- pipe times ------------------------------------------------------------------
+        gm_align = target.levels[0].alignment if target.levels and target.levels[0].role == "gm" else 1
+
+        def transfer_bytes(td: TensorDesc) -> sp.Expr:
+            ext = [_dim_extent(e, t, d) for e, d in zip(td.dims, td.shape)]
+            nz = [i for i, d in enumerate(td.shape) if d > 1]
+            total = self.elems[td.node] * td.itemsize
+            if not nz:
+                return _ceil(total / gm_align) * gm_align
+            # a contiguous run grows past a dim only while the tile covers the dims
+            # after it whole (two levels are enough for the kernels we see)
+            run = cover = ext[nz[-1]]
+            full = sp.Integer(td.shape[nz[-1]])
+            for j in list(reversed(nz[:-1]))[:2]:
+                run = _eq(cover, full, cover * ext[j], run)
+                cover, full = cover * ext[j], full * td.shape[j]
+            run_bytes = run * td.itemsize
+            lines = _ceil(run_bytes / gm_align) * gm_align
+            return total / run_bytes * lines
+
+        def transfer_cost(pipe: TransferPipe, nbytes: sp.Expr) -> sp.Expr:
+            def one(bw) -> sp.Expr:
+                return nbytes / (bw.a + bw.b / cores) + pipe.per_call
+
+            if pipe.threshold <= 0 or pipe.large == pipe.small:
+                return one(pipe.large)
+            return _ge(nbytes, pipe.threshold, one(pipe.large), one(pipe.small))
+
+        def head(pipe: TransferPipe, nbytes: sp.Expr) -> sp.Expr:
+            hl = pipe.head_large[0] * cores + pipe.head_large[1]
+            hs = pipe.head_small[0] * cores + pipe.head_small[1]
+            if pipe.threshold <= 0 or pipe.head_large == pipe.head_small:
+                return hl
+            return _ge(nbytes, pipe.threshold, hl, hs)
+
+        def trips(node: int) -> sp.Expr:
+            return per_core_par * (per_core_red if self.spans_reduce[node] else 1)
+
+        one_pass = template in ("elementwise", "one-pass")
+        passes = [tuple(sorted({n for p in desc.pass_nodes for n in p}))] if one_pass else list(desc.pass_nodes)
+        pass_of = dict(desc.pass_of)
+        gm_inputs = {td.node: td for td in desc.tensors if td.level == "gm"}
+        load = vec = store = sp.Integer(0)
+        biggest_load = sp.Integer(0)
+        for p, nodes in enumerate(passes):
+            for n in nodes:
+                if n in gm_inputs:
+                    nb = transfer_bytes(gm_inputs[n])
+                    load = load + trips(n) * transfer_cost(target.load, nb)
+                    biggest_load = _max(biggest_load, nb)
+            for call in desc.calls:
+                if call.node in nodes:
+                    pe, pc = target.vec.coef(call.api, call.itemsize)
+                    vec = vec + trips(call.tensor) * (pe * self.elems[call.tensor] + pc)
+            for td in desc.tensors:
+                if td.role == "output" and (one_pass or pass_of[td.node] == p):
+                    store = store + trips(td.node) * transfer_cost(target.store, transfer_bytes(td))
+        out_bytes = _max(
+            sp.Integer(0), *[self.elems[td.node] * td.itemsize for td in desc.tensors if td.role == "output"]
+        )
+        pipes = {
+            "load": load + head(target.load, biggest_load) if gm_inputs else sp.Integer(0),
+            "vec": vec + target.vec.head,
+            "store": store + head(target.store, out_bytes),
+        }
+        bottleneck = _max(*pipes.values())
+        total = bottleneck
+        if target.overlap < 1.0:
+            total = total + (1.0 - target.overlap) * (sp.Add(*pipes.values()) - bottleneck)
+        launches = sp.Integer(1)
+        if template == "split-reduce" and len(passes) > 1:
+            launches = _ge(k, 2, sp.Integer(len(passes)), sp.Integer(1))
+            total = total + (launches - 1) * (target.vec.head + head(target.load, biggest_load))
+        total = total + launches * target.launch
+        self.pipes = {name: e * target.unit_us for name, e in pipes.items()}
+        self.time = total * target.unit_us
+
+        # --- constraints g(x) <= 0 --------------------------------------------------------
+        cons = [expr - cap for _, expr, cap in self.buffers]
+        cons.append(c - n_par)
+        if template == "split-reduce":
+            cons.append(k - n_red)
+            cons.append(c * k - target.cores)
+        self.constraints = cons
+        # one function for everything a solver probes: [time, cores, *buffers, *constraints]
+        self._outputs = [self.time, cores, *[b for _, b, _ in self.buffers], *cons]
+        self._f = sp.lambdify(list(self.symbols), self._outputs, [MATH_FUNCS, "math"], cse=True)
+        self._f_counts = sp.lambdify(list(self.symbols), [n_par, n_red], [MATH_FUNCS, "math"])
+        self._np = None
+        self.evaluations = 0
+
+    # --- evaluation -----------------------------------------------------------------------
+    def probe(self, x: Sequence[int]) -> tuple[float, bool]:
+        """(predicted time in us, feasible) at one point."""
+        self.evaluations += 1
+        out = self._f(*x)
+        nb = len(self.buffers)
+        return float(out[0]), all(g <= 0 for g in out[2 + nb :])
+
+    def time_us(self, x: Sequence[int]) -> float:
+        return self.probe(x)[0]
+
+    def feasible(self, x: Sequence[int]) -> bool:
+        return self.probe(x)[1]
+
+    def buffer_bytes(self, x: Sequence[int]) -> tuple[int, ...]:
+        out = self._f(*x)
+        return tuple(int(b) for b in out[2 : 2 + len(self.buffers)])
+
+    def tile_counts(self, x: Sequence[int]) -> tuple[int, int]:
+        """(parallel tiles, reduce tiles) at ``x``: what the core split shares out."""
+        n_par, n_red = self._f_counts(*x)
+        return int(n_par), int(n_red)
+
+    def cores(self, x: Sequence[int]) -> int:
+        return int(self._f(*x)[1])
+
+    def tiles(self, x: Sequence[int]) -> tuple[int, ...]:
+        """The tile size per axis (fixed axes at their extent)."""
+        val = dict(zip((v.name for v in self.vars), x))
+        return tuple(int(val[f"t{i}"]) if f"t{i}" in val else int(self.t[i]) for i in range(len(self.desc.axes)))
+
+    def evaluate_grid(self, cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Time and feasibility at many points at once (columns of variable values)."""
+        if self._np is None:
+            exprs = [self.time, *self.constraints]
+            self._np = sp.lambdify(list(self.symbols), exprs, [NUMPY_FUNCS, "numpy"], cse=True)
+        cols = [np.asarray(c, dtype=np.float64) for c in cols]
+        n = len(cols[0]) if cols else 1
+        out = self._np(*cols)
+        self.evaluations += n
+        time = np.broadcast_to(np.asarray(out[0], dtype=np.float64), (n,))
+        ok = np.ones(n, dtype=bool)
+        for g in out[1:]:
+            ok &= np.broadcast_to(np.asarray(g) <= 0, (n,))
+        return time, ok
+
+
+def build_models(desc: KernelDesc, target: Target) -> list[TemplateModel]:
+    return [TemplateModel(desc, target, tpl) for tpl in desc.templates]
+
+
+def clamp(v: int, var: Var) -> int:
+    return max(var.lo, min(var.hi, v))
+
+
+def nearest_candidate(v: float, var: Var) -> int:
+    cands = var.candidates
+    i = int(np.searchsorted(cands, v))
+    if i >= len(cands):
+        return cands[-1]
+    if i == 0:
+        return cands[0]
+    return cands[i] if abs(cands[i] - v) < abs(v - cands[i - 1]) else cands[i - 1]

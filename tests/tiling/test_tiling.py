@@ -1,0 +1,214 @@
+"""Tiling model and solvers: published formulas, structure, constraints, solver quality."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from korch.ir.graph import GraphBuilder
+from korch.ir.ops import Op
+from korch.tiling import examples as E
+from korch.tiling.calibrate import fit_bandwidth_model, fit_core_scaling, fit_linear, fit_transfer
+from korch.tiling.describe import describe
+from korch.tiling.model import TemplateModel
+from korch.tiling.solvers import SOLVERS, _most_cores, axis_order, predict_latency_us, solve
+from korch.tiling.target import TARGETS, get_target, target_from_dict
+
+TGTS = {name: get_target(name, calibrated=False) for name in TARGETS}
+
+
+# --- targets ---------------------------------------------------------------------------------
+def test_a2_mte2_reproduces_published_formula():
+    a2 = TGTS["ascend-a2"]
+    assert a2.cores == 48 and a2.local_levels[0].usable == 196_352
+    # large transfer (>= 25,000 B): S / (9.9074 + 15.896 / cores) + 27.01 cycles
+    assert a2.load.call_cost(32768, 48) == pytest.approx(32768 / (9.9074 + 15.896 / 48) + 27.01)
+    assert a2.load.call_cost(32768, 48) == pytest.approx(3227.4, abs=0.1)
+    # small transfer: T = 7.9052 + 7.31 / cores
+    assert a2.load.call_cost(8192, 8) == pytest.approx(8192 / (7.9052 + 7.31 / 8) + 27.01)
+    assert a2.load.head(32768, 48) == pytest.approx(32.72 * 48 + 1575)
+    assert a2.load.head(1024, 48) == pytest.approx(15.89 * 48 + 882)
+    assert a2.store.call_cost(32768, 1) == pytest.approx(32768 / (9.96 + 3.79) + 27.01)
+    assert a2.store.head(1, 48) == pytest.approx(497.36)
+    assert a2.vec.coef("add", 4) == (0.0206, 23.22)
+    assert a2.vec.coef("add", 2)[0] == pytest.approx(0.0103)
+
+
+def test_a2_symbolic_load_pipe_matches_formula():
+    # one 1-D copy-like kernel, one tile per core: load pipe = S/T + 27.01 + head
+    b = GraphBuilder()
+    x = b.input("in0", (48 * 8192,), "float32")
+    b.output("out0", b.unary(Op.NEG, x))
+    model = TemplateModel(describe(b.graph), TGTS["ascend-a2"], "elementwise")
+    import sympy as sp
+
+    from korch.tiling.model import MATH_FUNCS
+
+    f = sp.lambdify(list(model.symbols), model.pipes["load"], [MATH_FUNCS, "math"])
+    S = 8192 * 4
+    expect = (S / (9.9074 + 15.896 / 48) + 27.01 + 32.72 * 48 + 1575) / 1800.0
+    assert f(8192, 48) == pytest.approx(expect)
+
+
+def test_calibration_file_overrides_cpu_defaults():
+    base = TGTS["cpu"]
+    t = target_from_dict(
+        {"load": {"large": [3.0, 2.0], "per_call": 10.0}, "vec": {"exp": [0.5, 7.0]}, "levels": {"l2": 2 << 20}}, base
+    )
+    assert t.load.large.per_core(2) == 4.0 and t.load.per_call == 10.0
+    assert t.vec.coef("exp") == (0.5, 7.0) and t.vec.coef("add") == base.vec.coef("add")
+    assert t.local_levels[0].capacity == 2 << 20
+
+
+# --- description -----------------------------------------------------------------------------
+def flags(desc):
+    return [("R" if a.reduce else "P") + ("B" if a.broadcast else "") + ("I" if a.innermost else "") for a in desc.axes]
+
+
+def test_describe_structures():
+    d = describe(E.softmax(16, 64))
+    assert d.kind == "reduce" and [a.extent for a in d.axes] == [16, 64] and flags(d) == ["P", "RBI"]
+    assert d.passes == 3 and d.templates == ("one-pass", "multi-pass", "split-reduce")
+    assert [t.level for t in d.tensors].count("gm") == 1
+    d = describe(E.instancenorm(1, 4, 8, 8))
+    assert [a.extent for a in d.axes] == [4, 8, 8] and flags(d) == ["P", "RB", "RBI"]
+    d = describe(E.transpose((16, 24), (1, 0)))
+    assert d.kind == "transpose" and flags(d) == ["PI", "PI"]  # both sides need contiguity
+    d = describe(E.maxpool(1, 4, 8, 8))
+    assert d.kind == "window" and d.templates == ("one-pass",)
+    assert [a.fixed for a in d.axes] == [False, False, False, True, True]
+    d = describe(E.avgpool_global(1, 4, 8, 8))  # iterates over the pooled input
+    assert [a.extent for a in d.axes] == [4, 8, 8] and d.reduce_axes == (1, 2)
+    d = describe(E.heads_split(8, 2, 4))  # reshape + transpose: merged dims map to a product
+    assert [a.extent for a in d.axes] == [2, 8, 4] and not d.fallback
+
+
+def test_describe_fallback_is_conservative():
+    b = GraphBuilder()
+    x = b.input("in0", (6, 4), "float32")
+    y = b.reshape(b.unary(Op.EXP, x), (4, 6))  # no dim correspondence
+    b.output("out0", b.binary(Op.ADD, y, b.input("in1", (4, 6), "float32")))
+    d = describe(b.graph)
+    assert d.fallback and d.kind == "fallback" and all(a.parallel for a in d.axes)
+    sol = solve(d, TGTS["cpu"], "exhaustive")
+    assert sol is not None and sol.time_us > 0
+
+
+# --- axis ordering -------------------------------------------------------------------------------
+def names(vs):
+    return [v.name for v in vs]
+
+
+def test_axis_priority_seed_and_ge():
+    # instance norm, multi-pass: t0 = channels (parallel), t1 = H (reduce, broadcast),
+    # t2 = W (reduce, broadcast, innermost); c = the core split (parent)
+    m = TemplateModel(describe(E.instancenorm(1, 4, 8, 8)), TGTS["cpu"], "multi-pass")
+    # seed: parent > child, reduce > non-reduce, broadcast > non-broadcast, non-innermost > innermost
+    assert names(axis_order(m, "seed")) == ["c", "t1", "t2", "t0"]
+    # GE's code: innermost ranked above non-innermost
+    assert names(axis_order(m, "ge")) == ["c", "t2", "t1", "t0"]
+    # plain 2-D elementwise: the innermost rule alone decides
+    m = TemplateModel(describe(E.add_relu((16, 64))), TGTS["cpu"], "elementwise")
+    assert names(axis_order(m, "seed")) == ["c", "t0", "t1"]
+    assert names(axis_order(m, "ge")) == ["c", "t1", "t0"]
+    # layernorm: the reduce (column) axis ranks above the broadcast row axis
+    m = TemplateModel(describe(E.layernorm(16, 64)), TGTS["cpu"], "multi-pass")
+    assert names(axis_order(m, "seed")) == ["c", "t1", "t0"]
+
+
+def test_multicore_split_matches_seed_figure():
+    assert _most_cores(94, 48) == 47  # blocks of 2 tiles: the seed's 47 cores
+    assert _most_cores(48, 48) == 48 and _most_cores(49, 48) == 25 and _most_cores(3, 48) == 3
+
+
+def test_seed_in_core_walks_reverse_priority():
+    # with everything forced small, the seed sizes the lowest-priority tile first: on a
+    # 2-D add with room for only part of the tensor, the outer axis gets what is left
+    tgt = TGTS["ascend-a2"]
+    small = dataclasses.replace(tgt.levels[1], capacity=8192, reserve=0)
+    tgt = tgt.replace(levels=(tgt.levels[0], small))
+    sol = solve(describe(E.add_relu((64, 256))), tgt, "axis-seed")
+    assert sol is not None and sol.tiles[1] >= sol.tiles[0]
+
+
+# --- solutions ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", TARGETS)
+def test_solutions_respect_buffers_and_match_exhaustive(target):
+    tgt = TGTS[target]
+    for name, build in E.suite(small=True):
+        desc = describe(build())
+        sols = {s: solve(desc, tgt, s) for s in SOLVERS}
+        best = sols["exhaustive"]
+        assert best is not None, name
+        for s, sol in sols.items():
+            assert sol is not None, (name, s)
+            for (lvl, used), level in zip(sol.buffer_bytes, tgt.local_levels):
+                assert lvl == level.name and 0 < used <= level.usable, (name, s)
+            assert 1 <= sol.cores <= tgt.cores
+            assert all(1 <= t <= a.extent for t, a in zip(sol.tiles, desc.axes))
+            # exhaustive is the model's optimum over the grid
+            assert sol.time_us >= best.time_us * (1 - 1e-9), (name, s)
+        # stated factors on these small spaces: descent within 1.5x, axis ordering within 2x
+        assert sols["descent"].time_us <= 1.5 * best.time_us, name
+        assert sols["axis-ge"].time_us <= 2.0 * best.time_us, name
+        assert sols["axis-seed"].time_us <= 2.0 * best.time_us, name
+
+
+def test_exhaustive_is_true_grid_optimum():
+    # brute force in Python over the model's grid equals the vectorised exhaustive solver
+    import itertools
+
+    tgt = TGTS["ascend-a2"]
+    desc = describe(E.softmax(8, 200))
+    sol = solve(desc, tgt, "exhaustive")
+    best = math.inf
+    for tpl in desc.templates:
+        m = TemplateModel(desc, tgt, tpl)
+        for x in itertools.product(*[v.candidates for v in m.vars]):
+            t, ok = m.probe(x)
+            if ok:
+                best = min(best, t)
+    assert sol.time_us == pytest.approx(best)
+
+
+def test_solution_is_pure_and_latency_prediction_orders_sizes():
+    tgt = TGTS["cpu"]
+    d = describe(E.gelu((16, 64)))
+    assert solve(d, tgt, "axis-ge") == solve(d, tgt, "axis-ge")
+    small = predict_latency_us(E.add_relu((64, 64)), tgt)
+    big = predict_latency_us(E.add_relu((512, 1024)), tgt)
+    assert 0 < small < big < math.inf
+
+
+def test_template_selection_prefers_multi_pass_when_row_does_not_fit():
+    # a 200k-element row cannot be UB-resident on A2: one-pass is infeasible
+    sol = solve(describe(E.softmax(4, 200_000)), TGTS["ascend-a2"], "exhaustive")
+    assert sol.template in ("multi-pass", "split-reduce")
+    sol = solve(describe(E.softmax(256, 256)), TGTS["ascend-a2"], "exhaustive")
+    assert sol.template == "one-pass"
+
+
+# --- calibration fits -------------------------------------------------------------------------
+def test_fit_transfer_recovers_coefficients():
+    rng = np.random.default_rng(1)
+    sizes = np.array([1, 2, 4, 8, 16, 32], dtype=float) * (1 << 20)
+    times = 450.0 + sizes / 12.5
+    noisy = times * (1 + rng.normal(0, 0.003, size=times.shape))
+    bw, per_call = fit_transfer(sizes, noisy)
+    assert bw == pytest.approx(12.5, rel=0.02)
+    slope, icpt = fit_linear(sizes, times)
+    assert icpt == pytest.approx(450.0, rel=1e-6) and slope == pytest.approx(1 / 12.5)
+
+
+def test_fit_core_scaling_recovers_a_b():
+    a, b = 6.0, 4.0
+    samples = {}
+    sizes = [8 << 20, 16 << 20, 32 << 20]
+    for c in (1, 2, 4):
+        samples[c] = (sizes, [30.0 + s / (a + b / c) for s in sizes])
+    fa, fb, pc = fit_bandwidth_model(samples)
+    assert fa == pytest.approx(a, rel=1e-3) and fb == pytest.approx(b, rel=1e-3) and pc == pytest.approx(30.0, rel=1e-3)
+    assert fit_core_scaling(a + b, a + b / 2, 2) == pytest.approx((a, b))
