@@ -1,0 +1,314 @@
+"""The TVM backend: memory-bound candidate kernels -> one scheduled TensorIR function each,
+compiled by LLVM for the host CPU.
+
+Pipeline per kernel: ``tvm_lower.lower`` (TE -> PrimFunc), ``tvm_schedule.schedule`` with a
+``TileConfig`` (default: ``tvm_tiling.default_tile_config``), ``tvm.compile``.
+``build_many`` puts many kernels in one IRModule and compiles it once: LLVM's fixed
+cost per ``tvm.compile`` call dominates small kernels.
+
+Note [TVM buffer alignment]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~
+TVM assumes every buffer argument is 64-byte aligned and emits aligned vector loads,
+so a misaligned numpy array crashes the process. ``TvmKernel.__call__`` copies a
+misaligned (or non-contiguous, or wrongly typed) input into an aligned staging array
+it owns; callers that care about that copy allocate inputs with ``aligned_empty``.
+Outputs are fresh aligned arrays on every call, never overwritten by a later call.
+
+Threads: TVM's runtime pool reads ``TVM_NUM_THREADS`` when it starts; this module sets
+it (if unset) from the first ``num_threads`` it is given, and later calls reconfigure
+the pool when the count changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from korch.ir.graph import Graph
+from korch.ir.ops import GroupOp
+from korch.kernels.base import Backend, CompiledKernel, register
+from korch.kernels.tvm_tiling import TileConfig, default_tile_config
+
+ALIGN = 64
+_state: dict[str, Any] = {"threads": None}
+
+
+def _tvm():
+    if "TVM_NUM_THREADS" not in os.environ and _state["threads"] is not None:
+        os.environ["TVM_NUM_THREADS"] = str(_state["threads"])
+    import tvm
+
+    return tvm
+
+
+def _set_threads(num_threads: int) -> None:
+    num_threads = max(1, int(num_threads))
+    if _state["threads"] is None:
+        _state["threads"] = num_threads
+        os.environ.setdefault("TVM_NUM_THREADS", str(num_threads))
+        return
+    if _state["threads"] != num_threads:
+        tvm = _tvm()
+        tvm.get_global_func("runtime.config_threadpool")(1, num_threads)
+        _state["threads"] = num_threads
+
+
+def aligned_empty(shape: Sequence[int], dtype: str | np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is ``ALIGN``-byte aligned."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)
+    nbytes = max(1, size) * dtype.itemsize
+    buf = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    off = (-buf.ctypes.data) % ALIGN
+    return buf[off : off + nbytes].view(dtype)[:size].reshape(shape)
+
+
+def _from_dlpack(a: np.ndarray):
+    import tvm_ffi
+
+    # no alignment check here (its failure raises, which costs ~60 us); callers check
+    return tvm_ffi.from_dlpack(a, require_alignment=0, require_contiguous=True)
+
+
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    out = aligned_empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+_HOST: dict[int, Any] = {}
+
+
+def host_target(num_threads: int):
+    """The LLVM target of this machine's CPU (``mcpu`` detected by LLVM)."""
+    if num_threads not in _HOST:
+        tvm = _tvm()
+        from tvm.target import codegen
+
+        cpu = codegen.llvm_get_system_cpu()
+        _HOST[num_threads] = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": int(num_threads)})
+    return _HOST[num_threads]
+
+
+def vector_bytes() -> int:
+    """SIMD register width of the host in bytes (64 AVX-512, 32 AVX2, else 16)."""
+    if "vb" not in _state:
+        from tvm.target import codegen
+
+        feats = {str(f) for f in codegen.llvm_get_cpu_features(host_target(1))}
+        _state["vb"] = 64 if "avx512f" in feats else 32 if "avx" in feats else 16
+    return _state["vb"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A kernel lowered and scheduled, ready to compile (exposed for tests and tiling)."""
+
+    func: Any  # tirx.PrimFunc
+    inputs: list[_Spec]
+    outputs: list[_Spec]
+    hidden: list[np.ndarray]
+    config: TileConfig
+    report: Any  # tvm_schedule.ScheduleReport
+
+
+def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None) -> Prepared:
+    """Lower and schedule ``kgraph`` (an extracted memory-bound kernel)."""
+    from korch.kernels.tvm_lower import lower
+    from korch.kernels.tvm_schedule import schedule
+
+    if config is None:
+        config = default_tile_config(kgraph, num_threads, vector_bytes())
+    lw = lower(kgraph)
+    func, report = schedule(lw.func, kgraph, config, lw.block_of, lw.copies)
+    ins = [_Spec(kgraph.nodes[kgraph.inputs[n]].shape, kgraph.nodes[kgraph.inputs[n]].dtype) for n in lw.input_names]
+    outs = [
+        _Spec(kgraph.nodes[kgraph.outputs[n]].shape, kgraph.nodes[kgraph.outputs[n]].dtype) for n in lw.output_names
+    ]
+    return Prepared(func, ins, outs, [_aligned_copy(h) for h in lw.hidden], config, report)
+
+
+class TvmKernel(CompiledKernel):
+    backend = "tvm"
+
+    def __init__(
+        self, lib: Any, symbol: str, inputs: list[_Spec], outputs: list[_Spec], hidden: list[np.ndarray], meta: dict
+    ):
+        self.lib = lib
+        self.symbol = symbol
+        self.func = lib[symbol]
+        self.inputs = inputs
+        self.outputs = outputs
+        self.hidden = hidden
+        self.meta = meta
+        self._in_dtypes = [np.dtype(s.dtype) for s in inputs]
+        self._out_specs = [(s.shape, np.dtype(s.dtype)) for s in outputs]
+        self._out_nbytes = [max(1, math.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in outputs]
+        self._out_offsets = []
+        total = 0
+        for n in self._out_nbytes:
+            self._out_offsets.append(total)
+            total += -(-n // ALIGN) * ALIGN
+        self._out_bytes = total
+        self.hidden = [_from_dlpack(h) for h in hidden]
+        self._hidden_np = hidden
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        args = []
+        for x, spec, dt in zip(inputs, self.inputs, self._in_dtypes):
+            a = x if isinstance(x, np.ndarray) else np.asarray(x)
+            if a.shape != spec.shape:
+                a = a.reshape(spec.shape)
+            if a.dtype == dt and a.flags.c_contiguous:
+                t = _from_dlpack(a)
+                if not t.data_ptr() % ALIGN:
+                    args.append(t)
+                    continue
+            args.append(_from_dlpack(_aligned_copy(np.asarray(a, dtype=dt, order="C"))))
+        # all outputs carved out of one aligned allocation
+        buf = np.empty(self._out_bytes + ALIGN, dtype=np.uint8)
+        base = (-_from_dlpack(buf).data_ptr()) % ALIGN
+        outs = [
+            buf[base + off : base + off + n].view(dt).reshape(shape)
+            for (shape, dt), off, n in zip(self._out_specs, self._out_offsets, self._out_nbytes)
+        ]
+        self.func(*args, *outs, *self.hidden)
+        return outs
+
+    def save(self, directory: Path, stem: str) -> dict[str, Any]:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        lib_name = f"{stem}.so"
+        self.lib.export_library(str(directory / lib_name))
+        hidden_names = []
+        for i, h in enumerate(self._hidden_np):
+            name = f"{stem}.hidden{i}.npy"
+            np.save(directory / name, h)
+            hidden_names.append(name)
+        return {
+            "backend": "tvm",
+            "library": lib_name,
+            "symbol": self.symbol,
+            "inputs": [[list(s.shape), s.dtype] for s in self.inputs],
+            "outputs": [[list(s.shape), s.dtype] for s in self.outputs],
+            "hidden": hidden_names,
+            "tile_config": json.loads(json.dumps(dataclasses.asdict(self.meta["config"])))
+            if "config" in self.meta
+            else None,
+            "tvm_version": TvmBackend().version(),
+        }
+
+
+def _kernel(lib, symbol: str, prep: Prepared, build_s: float) -> TvmKernel:
+    return TvmKernel(
+        lib,
+        symbol,
+        prep.inputs,
+        prep.outputs,
+        prep.hidden,
+        {"config": prep.config, "report": prep.report, "build_s": build_s},
+    )
+
+
+class TvmBackend(Backend):
+    name = "tvm"
+    kinds = frozenset({"memory"})
+
+    def supports(self, kgraph: Graph) -> bool:
+        from korch.kernels.tvm_lower import unsupported_reason
+
+        if any(n.op not in GroupOp.MEMORY_BOUND and n.op not in GroupOp.SOURCE for n in kgraph.nodes):
+            return False
+        return unsupported_reason(kgraph) is None
+
+    def build(
+        self,
+        kgraph: Graph,
+        consts: dict[str, np.ndarray],
+        num_threads: int,
+        tile_config: TileConfig | None = None,
+    ) -> TvmKernel:
+        """Compile one kernel. ``consts`` are not baked in: constant inputs (``in{i}_c``)
+        are passed at call time like any input."""
+        _set_threads(num_threads)
+        tvm = _tvm()
+        t0 = time.perf_counter()
+        prep = prepare(kgraph, num_threads, tile_config)
+        symbol = "korch_kernel"
+        mod = tvm.IRModule({symbol: prep.func.with_attr("global_symbol", symbol)})
+        lib = tvm.compile(mod, target=host_target(num_threads))
+        return _kernel(lib, symbol, prep, time.perf_counter() - t0)
+
+    def build_many(
+        self,
+        items: Sequence[tuple[Graph, dict[str, np.ndarray]]],
+        num_threads: int,
+        tile_configs: Sequence[TileConfig | None] | None = None,
+    ) -> list[CompiledKernel | Exception]:
+        """Compile all kernels in one IRModule (one LLVM invocation). A kernel that fails
+        to lower is returned as its exception; if the joint compile fails, each kernel
+        is compiled alone so that only the bad ones fail."""
+        _set_threads(num_threads)
+        tvm = _tvm()
+        t0 = time.perf_counter()
+        preps: list[Prepared | Exception] = []
+        for i, (kgraph, _) in enumerate(items):
+            cfg = tile_configs[i] if tile_configs is not None else None
+            try:
+                preps.append(prepare(kgraph, num_threads, cfg))
+            except Exception as e:  # noqa: BLE001 - a failed build is a recorded result
+                preps.append(e)
+        funcs = {
+            f"korch_k{i}": p.func.with_attr("global_symbol", f"korch_k{i}")
+            for i, p in enumerate(preps)
+            if isinstance(p, Prepared)
+        }
+        if not funcs:
+            return list(preps)  # type: ignore[arg-type]
+        try:
+            lib = tvm.compile(tvm.IRModule(funcs), target=host_target(num_threads))
+        except Exception:  # noqa: BLE001 - isolate the kernel that breaks the joint build
+            return [p if isinstance(p, Exception) else self._build_prepared(p, num_threads) for p in preps]
+        per = (time.perf_counter() - t0) / max(1, len(funcs))
+        return [p if isinstance(p, Exception) else _kernel(lib, f"korch_k{i}", p, per) for i, p in enumerate(preps)]
+
+    def _build_prepared(self, prep: Prepared, num_threads: int) -> CompiledKernel | Exception:
+        tvm = _tvm()
+        try:
+            mod = tvm.IRModule({"korch_kernel": prep.func.with_attr("global_symbol", "korch_kernel")})
+            lib = tvm.compile(mod, target=host_target(num_threads))
+        except Exception as e:  # noqa: BLE001
+            return e
+        return _kernel(lib, "korch_kernel", prep, 0.0)
+
+    def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> TvmKernel:
+        _set_threads(num_threads)
+        tvm = _tvm()
+        directory = Path(directory)
+        lib = tvm.runtime.load_module(str(directory / meta["library"]))
+        ins = [_Spec(tuple(s), d) for s, d in meta["inputs"]]
+        outs = [_Spec(tuple(s), d) for s, d in meta["outputs"]]
+        hidden = [_aligned_copy(np.load(directory / h)) for h in meta["hidden"]]
+        return TvmKernel(lib, meta["symbol"], ins, outs, hidden, {})
+
+    def version(self) -> str:
+        import tvm
+
+        return f"tvm-{tvm.__version__}"
+
+
+register(TvmBackend())

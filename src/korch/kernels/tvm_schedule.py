@@ -1,0 +1,300 @@
+"""Apply a ``TileConfig`` to an unscheduled PrimFunc (see Note [Row tiling] in tvm_tiling).
+
+The schedule, in order: inline the injective intermediates; fuse the anchor's leading
+axes into one loop; ``compute_at`` every stored block the anchor needs under that loop
+(reverse topological order, so each block's consumers are already there); vectorise
+the innermost loop of every block under it (row reductions through ``rfactor`` into
+``vector_width`` partial results, reductions with a long inner spatial loop by moving
+the reduction loops outside it); mark the loop parallel. Blocks that are not under
+the loop get their own parallel, vectorised nest. If any step of this fails, the
+whole function is scheduled again by the simple rule (inline, then one nest per
+block), and if that fails too it is left unscheduled: always valid, maybe slower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import s_tir, tirx
+
+from korch.ir.graph import Graph
+from korch.ir.ops import GroupOp
+from korch.kernels.tvm_tiling import TileConfig, prefix_axes
+
+
+@dataclasses.dataclass
+class ScheduleReport:
+    mode: str  # "fused", "simple" or "none"
+    errors: list[str] = dataclasses.field(default_factory=list)
+    at_root: list[str] = dataclasses.field(default_factory=list)  # stored blocks not under the loop
+
+
+def _extent(sch: s_tir.Schedule, loop) -> int | None:
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tirx.IntImm) else None
+
+
+def _lanes(extent: int | None, width: int) -> int:
+    if extent is None:
+        return 1
+    while width > 1 and extent % width:
+        width //= 2
+    return width
+
+
+class _Scheduler:
+    def __init__(
+        self, func: tirx.PrimFunc, g: Graph, cfg: TileConfig, block_of: dict[int, str], copies: dict[int, str]
+    ):
+        self.sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+        self.sch.work_on("main")
+        self.g = g
+        self.cfg = cfg
+        self.block_of = block_of
+        self.report = ScheduleReport("fused")
+        self.rf: dict[int, object] = {}  # reduction node id -> its rfactor block
+        out_nodes = list(g.outputs.values())
+        self.copy_src = {name: out_nodes[j] for j, name in copies.items()}  # copy block -> node
+        self.copy_of: dict[int, str] = {}
+        for name, nid in self.copy_src.items():
+            self.copy_of.setdefault(nid, name)
+
+    def _parallel(self, loop) -> None:
+        if self.cfg.parallel:
+            self.sch.parallel(loop)
+
+    def is_reduce(self, nid: int) -> bool:
+        return self.g.nodes[nid].op in GroupOp.REDUCE
+
+    def inline(self) -> set[int]:
+        done = set()
+        for nid in self.cfg.inline:
+            try:
+                self.sch.compute_inline(self.block_of[nid])
+                done.add(nid)
+            except s_tir.ScheduleError as e:
+                self.report.errors.append(f"inline n{nid}: {type(e).__name__}")
+        return done
+
+    # -- innermost loops of one block ---------------------------------------------------
+    def vectorize_injective(self, loops: list) -> None:
+        if not loops:
+            return
+        sch = self.sch
+        loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        lanes = _lanes(_extent(sch, loop), self.cfg.vector_width)
+        if lanes > 1:
+            _, vi = sch.split(loop, [None, lanes])
+            sch.vectorize(vi)
+
+    def rfactor_row(self, nid: int):
+        """Split a reduction over the contiguous (last) input axis into ``vector_width``
+        partial results (an ``_rf`` block) plus a short final reduction. Must run
+        while the block still has its own loop nest. Returns the rf block or None."""
+        sch, width, g = self.sch, self.cfg.vector_width, self.g
+        node = g.nodes[nid]
+        in_shape = g.nodes[node.inputs[0]].shape
+        axes = node.attr("axes")
+        if width <= 1 or not self.cfg.vectorize_reductions or len(in_shape) - 1 not in axes:
+            return None
+        ext = 1
+        for a in axes:
+            ext *= in_shape[a]
+        if ext % width or ext < 2 * width:
+            return None
+        loops = sch.get_loops(sch.get_sblock(self.block_of[nid]))
+        red = loops[len(loops) - len(axes) :]
+        r = sch.fuse(*red) if len(red) > 1 else red[0]
+        _, ri = sch.split(r, [None, width])
+        return sch.rfactor(ri, factor_axis=len(node.shape))
+
+    def vectorize_rf(self, nid: int, rf, loops: list) -> None:
+        """``loops``: the rf block's loops below its placement, one per block iter var."""
+        sch = self.sch
+        wb_red = {iv.var.name for iv in sch.get(sch.get_sblock(self.block_of[nid])).iter_vars if int(iv.iter_type) == 2}
+        ivs = sch.get(rf).iter_vars
+        red = [lp for lp, iv in zip(loops, ivs) if int(iv.iter_type) == 2]
+        lane = [lp for lp, iv in zip(loops, ivs) if iv.var.name in wb_red]
+        if not red or len(lane) != 1:
+            return
+        sch.reorder(*red, lane[0])
+        sch.vectorize(lane[0])
+        sch.decompose_reduction(rf, red[0])
+
+    def vectorize_reduce(self, nid: int, spatial: list, reduce: list) -> None:
+        """Vectorise a reduction block with loops ``spatial + reduce`` along its last
+        spatial loop (reduction loops moved outside it), e.g. a pooling window."""
+        sch, width = self.sch, self.cfg.vector_width
+        if width <= 1 or not self.cfg.vectorize_reductions or not reduce:
+            return
+        sp = [s for s in spatial if _extent(sch, s) != 1]
+        last = _extent(sch, sp[-1]) if sp else None
+        if last is None or last < width or last % width:
+            return
+        block = sch.get_sblock(self.block_of[nid])
+        _, vi = sch.split(sp[-1], [None, width])
+        sch.reorder(*reduce, vi)
+        sch.vectorize(vi)
+        sch.decompose_reduction(block, reduce[0])
+
+    def inner(self, nid: int, loops: list) -> None:
+        """Schedule the loops of block ``nid`` below its placement (one per iter var)."""
+        if self.is_reduce(nid):
+            nred = len(self.g.nodes[nid].attr("axes"))
+            if nid in self.rf:
+                return  # the write-back of an rfactor: a short scalar loop
+            self.vectorize_reduce(nid, loops[: len(loops) - nred], loops[len(loops) - nred :])
+        else:
+            self.vectorize_injective(loops)
+
+    # -- a block with its own nest -------------------------------------------------------
+    def standalone(self, nid: int) -> None:
+        sch = self.sch
+        block = sch.get_sblock(self.block_of[nid])
+        if not self.is_reduce(nid):
+            self.standalone_injective(self.block_of[nid])
+            return
+        nred = len(self.g.nodes[nid].attr("axes"))
+        rf = self.rfactor_row(nid)
+        if rf is not None:
+            self.rf[nid] = rf
+        loops = sch.get_loops(block)
+        rank = len(self.g.nodes[nid].shape)
+        spatial = loops[:rank]
+        # parallel over all outputs but the ones vectorised side by side
+        keep = 1 if rf is None and rank > 1 and (_extent(sch, spatial[-1]) or 0) >= self.cfg.vector_width else 0
+        outer = spatial[: rank - keep]
+        if outer:
+            par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+            if (_extent(sch, par) or 2) > 1:
+                self._parallel(par)
+        if rf is not None:
+            *_, ro, ri = sch.get_loops(rf)  # as rfactor_row split them
+            sch.vectorize(ri)
+            sch.decompose_reduction(rf, ro)
+        else:
+            self.vectorize_reduce(nid, spatial[rank - keep :], loops[rank : rank + nred])
+
+    def standalone_injective(self, name: str) -> None:
+        sch = self.sch
+        spatial = sch.get_loops(sch.get_sblock(name))
+        if not spatial:
+            return
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        ext = _extent(sch, fused) or 0
+        lanes = _lanes(ext, self.cfg.vector_width)
+        tile = lanes * max(1, min(64, ext // max(lanes, 1) // 64))
+        while tile > lanes and ext % tile:
+            tile -= lanes
+        if ext > tile > 0 and ext % tile == 0:
+            po, pi = sch.split(fused, [None, tile])
+            self._parallel(po)
+            if lanes > 1:
+                _, vi = sch.split(pi, [None, lanes])
+                sch.vectorize(vi)
+        elif ext > 1:
+            self._parallel(fused)
+
+    # -- the fused schedule --------------------------------------------------------------
+    def fused(self) -> None:
+        cfg, sch, g = self.cfg, self.sch, self.g
+        inlined = self.inline()
+        anchor = cfg.anchor
+        rank = len(g.nodes[anchor].shape)
+        p = cfg.parallel_axes
+        anchor_copy = self.copy_of.get(anchor)
+        anchor_block = anchor_copy or self.block_of[anchor]
+        remaining = [n for n in self.block_of if n not in inlined and (n != anchor or anchor_copy)]
+        copies = [c for c in self.copy_src if c != anchor_copy]
+        if p == 0:
+            for n in remaining:
+                self.standalone(n)
+            for c in copies + ([anchor_copy] if anchor_copy else []):
+                self.standalone_injective(c)
+            if not anchor_copy:
+                self.standalone(anchor)
+            return
+        targets = sorted((set(cfg.compute_at) | ({anchor} if anchor_copy else set())) & set(remaining), reverse=True)
+        for n in targets:
+            if self.is_reduce(n):
+                rf = self.rfactor_row(n)
+                if rf is not None:
+                    self.rf[n] = rf
+        loops = sch.get_loops(sch.get_sblock(anchor_block))
+        outer = sch.fuse(*loops[:p]) if p > 1 else loops[0]
+        rest = list(loops[p:])
+        if p == rank and cfg.inner_tile and (_extent(sch, outer) or 0) > cfg.inner_tile:
+            outer, tile_loop = sch.split(outer, [None, cfg.inner_tile])
+            rest = [tile_loop] + rest
+        # Output copies of stored nodes join the row loop first (loop merge), so that
+        # every consumer of a stored node is under the loop when it is computed there.
+        rows = _extent(sch, outer)
+        copies_under = []
+        for c in copies:
+            if self.copy_src[c] not in targets or rows is None:
+                continue
+            k = prefix_axes(g.nodes[self.copy_src[c]].shape, rows)
+            if not k:
+                continue
+            try:
+                cl = sch.get_loops(sch.get_sblock(c))
+                co = sch.fuse(*cl[:k]) if k > 1 else cl[0]
+                outer = sch.merge(outer, co)
+                copies_under.append(c)
+            except s_tir.ScheduleError as e:
+                self.report.errors.append(f"merge {c}: {type(e).__name__}")
+        under: list[int] = []
+        for n in targets:
+            try:
+                sch.compute_at(sch.get_sblock(self.block_of[n]), outer, preserve_unit_loops=True)
+                if n in self.rf:
+                    sch.compute_at(self.rf[n], outer, preserve_unit_loops=True)
+                under.append(n)
+            except s_tir.ScheduleError as e:
+                self.report.errors.append(f"compute_at n{n}: {type(e).__name__}")
+                self.report.at_root.append(f"n{n}")
+                if n in self.rf or n == anchor:
+                    raise  # a half-placed pair: start again with the simple schedule
+        if (_extent(sch, outer) or 2) > 1:
+            self._parallel(outer)
+        self.vectorize_injective(rest)
+        for n in under:
+            self.inner(n, list(sch.get_loops(sch.get_sblock(self.block_of[n])))[1:])
+            if n in self.rf:
+                self.vectorize_rf(n, self.rf[n], list(sch.get_loops(self.rf[n]))[1:])
+        for c in copies_under:
+            self.vectorize_injective(list(sch.get_loops(sch.get_sblock(c)))[1:])
+        for n in remaining:
+            if n not in under:
+                self.standalone(n)
+        for c in copies:
+            if c not in copies_under:
+                self.standalone_injective(c)
+
+    def simple(self) -> None:
+        inlined = self.inline()
+        for n in self.block_of:
+            if n not in inlined:
+                self.standalone(n)
+        for c in self.copy_src:
+            self.standalone_injective(c)
+
+
+def schedule(
+    func: tirx.PrimFunc, g: Graph, cfg: TileConfig, block_of: dict[int, str], copies: dict[int, str] | None = None
+) -> tuple[tirx.PrimFunc, ScheduleReport]:
+    """Schedule ``func`` (from ``tvm_lower.lower(g)``) by ``cfg``; never raises on a
+    schedule error, falling back as Note at the top of this module says."""
+    errors: list[str] = []
+    for mode in ("fused", "simple"):
+        s = _Scheduler(func, g, cfg, block_of, copies or {})
+        try:
+            getattr(s, mode)()
+        except Exception as e:  # noqa: BLE001 - any failed step means: use the simpler schedule
+            errors.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+            continue
+        s.report.mode = mode
+        s.report.errors = errors + s.report.errors
+        return s.sch.mod["main"], s.report
+    return func, ScheduleReport("none", errors)

@@ -1,0 +1,263 @@
+"""Tile configs for generated memory-bound CPU kernels, and the default choice.
+
+Note [Row tiling]
+~~~~~~~~~~~~~~~~~
+A generated kernel is one loop nest built around an *anchor*: the largest output.
+The anchor's leading ``parallel_axes`` axes are fused into one parallel loop; each
+iteration of it computes one *row* (the block of the anchor those axes fix). Every
+reduction and every materialised intermediate the anchor needs is computed inside
+that loop (``compute_at``), on the part of it the row needs, so a softmax or a
+layernorm is one pass over the rows with the row's intermediates in cache. All other
+injective intermediates are inlined into their consumers (recomputed, never stored).
+
+That is only free of redundant work when each row of the anchor needs a distinct row
+of every tensor computed at the loop; ``row_aligned`` checks this on the graph: it
+walks back from the anchor carrying the number of rows and fails where a primitive
+mixes rows (a reduction or broadcast over a leading axis, a transpose that moves a
+leading axis, ...). The default picks the fewest leading axes that still give every
+thread several rows, among those that are aligned.
+
+This module is pure (no TVM) so the analytical tiling model can import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from korch.ir.graph import Graph
+from korch.ir.ops import GroupOp, Op
+
+# Relative cost of one primitive per element when it is inlined (recomputed per use).
+_TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.TANH, Op.ERF, Op.SIGMOID, Op.POW, Op.SQRT})
+_MATERIALISE_COST = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """How one kernel is scheduled (see Note [Row tiling]).
+
+    anchor: node id of the output whose loop nest hosts the others.
+    parallel_axes: leading anchor axes fused into the parallel loop (0: no common loop;
+        every block then gets its own parallel loop nest).
+    inner_tile: when ``parallel_axes`` is the anchor's rank, the fused loop is split and
+        this many consecutive elements form one iteration (0: no split).
+    vector_width: lanes of the vectorised innermost loop (1: scalar).
+    inline: intermediates inlined into their consumers.
+    compute_at: blocks computed inside the parallel loop; other non-inlined blocks get a
+        loop nest of their own at the root.
+    vectorize_reductions: split row reductions into ``vector_width`` partial sums
+        (rfactor) so that their inner loop vectorises.
+    parallel: run the outer loops on the thread pool (off for tiny kernels, where a
+        parallel launch costs more than it saves).
+    """
+
+    anchor: int
+    parallel_axes: int
+    inner_tile: int
+    vector_width: int
+    inline: tuple[int, ...]
+    compute_at: tuple[int, ...]
+    vectorize_reductions: bool = True
+    parallel: bool = True
+
+
+# Below this many elements touched, a kernel runs on one thread.
+PARALLEL_MIN_ELEMENTS = 1 << 15
+
+
+def _op_cost(op: Op) -> int:
+    if op in _TRANSCENDENTAL:
+        return 8
+    if op in (Op.DIV, Op.RECIPROCAL):
+        return 2
+    if op in GroupOp.ELEMENTWISE:
+        return 1
+    return 0
+
+
+def _consumers(g: Graph) -> list[list[int]]:
+    return g.users()
+
+
+def _ancestors(g: Graph, nid: int) -> set[int]:
+    seen: set[int] = set()
+    stack = [nid]
+    while stack:
+        n = stack.pop()
+        for s in g.nodes[n].inputs:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return seen
+
+
+def choose_inline(g: Graph) -> tuple[int, ...]:
+    """Injective intermediates to inline: all but costly ones read by several blocks."""
+    outputs = set(g.outputs.values())
+    users = _consumers(g)
+    cost: dict[int, int] = {}
+    inline: list[int] = []
+    for nid, node in enumerate(g.nodes):
+        if node.op in GroupOp.SOURCE:
+            continue
+        c = _op_cost(node.op) + sum(cost.get(s, 0) for s in node.inputs)
+        keep = nid in outputs or node.op in GroupOp.REDUCE or (len(users[nid]) >= 2 and c >= _MATERIALISE_COST)
+        if keep:
+            cost[nid] = 0
+        else:
+            cost[nid] = c
+            inline.append(nid)
+    return tuple(inline)
+
+
+def prefix_axes(shape: tuple[int, ...], rows: int) -> int | None:
+    """The fewest leading axes whose extents multiply to ``rows`` (None if none do)."""
+    if rows == 1:
+        return 0
+    p = 1
+    for k, d in enumerate(shape):
+        p *= d
+        if p == rows:
+            return k + 1
+        if p > rows:
+            break
+    return None
+
+
+def _input_rows(g: Graph, nid: int, rows: int) -> list[int | None]:
+    """Rows of each input of ``nid`` when ``nid`` is split into ``rows`` leading rows."""
+    node = g.nodes[nid]
+    k = prefix_axes(node.shape, rows)
+    ins = [g.nodes[s] for s in node.inputs]
+    if k is None:
+        return [None] * len(ins)
+    op = node.op
+    if op in GroupOp.ELEMENTWISE or op is Op.CONCAT and node.attr("axis") >= k:
+        return [rows if s.shape != () else 1 for s in ins]
+    if op is Op.CONCAT:
+        return [None] * len(ins)
+    (src,) = ins
+    ok: bool
+    if op is Op.BROADCAST:
+        ok = all(src.shape[i] == node.shape[i] for i in range(k))
+    elif op in GroupOp.REDUCE:
+        ok = all(a >= k for a in node.attr("axes"))
+    elif op is Op.RESHAPE:
+        ok = prefix_axes(src.shape, rows) is not None
+    elif op is Op.TRANSPOSE:
+        ok = tuple(node.attr("perm")[:k]) == tuple(range(k))
+    elif op is Op.SLICE:
+        ok = all(
+            node.attr("starts")[i] == 0 and node.attr("steps")[i] == 1 and node.attr("lengths")[i] == src.shape[i]
+            for i in range(k)
+        )
+    elif op is Op.PAD:
+        ok = all(tuple(node.attr("pads")[i]) == (0, 0) for i in range(k))
+    elif op is Op.GATHER:
+        ok = node.attr("axis") >= k
+    elif op is Op.WINDOW:
+        ok = k <= len(src.shape) - len(node.attr("kernel"))
+    else:
+        ok = False
+    return [rows if ok else None]
+
+
+def row_aligned(g: Graph, anchor: int, parallel_axes: int, stored: set[int]) -> bool:
+    """Whether every node in ``stored`` splits into the anchor's rows (Note [Row tiling])."""
+    rows_of: dict[int, int | None] = {anchor: math.prod(g.nodes[anchor].shape[:parallel_axes])}
+    for nid in range(anchor, -1, -1):
+        if nid not in rows_of or g.nodes[nid].op in GroupOp.SOURCE:
+            continue
+        rows = rows_of[nid]
+        if rows is None:
+            if nid in stored:
+                return False
+            in_rows: list[int | None] = [None] * len(g.nodes[nid].inputs)
+        else:
+            in_rows = _input_rows(g, nid, rows)
+        for src, r in zip(g.nodes[nid].inputs, in_rows):
+            if src in rows_of and rows_of[src] != r:
+                r = None
+            rows_of[src] = r
+    return all(rows_of.get(n) is not None for n in stored if n in rows_of)
+
+
+def _vector_lanes(extent: int, lanes: int) -> int:
+    while lanes > 1 and extent % lanes:
+        lanes //= 2
+    return lanes
+
+
+def default_tile_config(g: Graph, num_threads: int, vector_bytes: int = 32) -> TileConfig:
+    """A tile config by rule (Note [Row tiling]); ``g`` is an extracted memory-bound kernel.
+
+    ``vector_bytes`` is the host's SIMD register width (16 SSE, 32 AVX2, 64 AVX-512).
+    """
+    outputs = list(dict.fromkeys(g.outputs.values()))
+    anchor = max(outputs, key=lambda n: (g.nodes[n].size, n))
+    node = g.nodes[anchor]
+    rank = len(node.shape)
+    inline = choose_inline(g)
+    ancestors = _ancestors(g, anchor)
+    stored = {n for n in ancestors if g.nodes[n].op not in GroupOp.SOURCE and n not in inline}
+    itemsize = 1 if node.dtype == "bool" else max(1, _itemsize(node.dtype))
+    lanes = max(1, vector_bytes // itemsize)
+
+    p_max = rank
+    while p_max > 0 and stored and not row_aligned(g, anchor, p_max, stored):
+        p_max -= 1
+    want = 4 * max(1, num_threads)
+    if not stored:
+        p = rank
+    elif p_max == 0:
+        p = 0
+    else:
+        p = p_max
+        for k in range(1, p_max + 1):
+            if math.prod(node.shape[:k]) >= want and (k < rank or k == p_max):
+                p = k
+                break
+    inner_tile = 0
+    if p == rank and rank > 0:
+        inner_tile = _inner_tile(node.size, lanes, num_threads)
+        vec = _vector_lanes(inner_tile, lanes) if inner_tile else 1
+    else:
+        vec = _vector_lanes(math.prod(node.shape[p:]), lanes)
+    compute_at = tuple(sorted(stored)) if p > 0 else ()
+    return TileConfig(
+        anchor=anchor,
+        parallel_axes=p,
+        inner_tile=inner_tile,
+        vector_width=vec,
+        inline=inline,
+        compute_at=compute_at,
+        parallel=num_threads > 1 and _elements(g) >= PARALLEL_MIN_ELEMENTS,
+    )
+
+
+def _elements(g: Graph) -> int:
+    """Elements read and written by the kernel."""
+    ids = list(g.inputs.values()) + list(g.outputs.values())
+    return sum(g.nodes[i].size for i in set(ids))
+
+
+def _inner_tile(size: int, lanes: int, num_threads: int) -> int:
+    """Elements per parallel iteration of a flat loop: a divisor of ``size``, a multiple
+    of the lanes, at most 4096 and small enough to give each thread a few iterations."""
+    if size <= lanes:
+        return 0
+    cap = max(lanes, min(4096, size // max(1, 4 * num_threads)))
+    best = 0
+    t = lanes
+    while t <= cap:
+        if size % t == 0:
+            best = t
+        t += lanes
+    return best
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
