@@ -24,6 +24,15 @@ from korch.kernels.base import CompiledKernel
 PLAN_VERSION = 1
 
 
+def _aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
+    a = np.asarray(a)
+    buf = np.empty(a.nbytes + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 @dataclasses.dataclass
 class Step:
     name: str
@@ -98,7 +107,9 @@ class Executable:
     ):
         self.inputs = inputs
         self.outputs = outputs
-        self.consts = consts
+        # Constants live in writable, 64-byte-aligned memory so every backend takes them
+        # without a per-call copy (DLPack refuses read-only arrays, TVM wants alignment).
+        self.consts = {k: _aligned(v) for k, v in consts.items()}
         self.steps = steps
         keep = {s.node for s in outputs.values()}
         sizes = {}

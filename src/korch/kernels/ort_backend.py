@@ -32,6 +32,8 @@ def _session(model: bytes | str, num_threads: int):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
+    # see Note [No spinning thread pools] in tvm_backend.py
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 

@@ -42,6 +42,10 @@ _state: dict[str, Any] = {"threads": None}
 
 
 def _tvm():
+    # Note [No spinning thread pools]: kernels of several libraries alternate on 2 cores;
+    # a pool that spins after its call steals the core the next library needs (measured:
+    # an MLP block took 44 ms with TVM's default spin, 0.56 ms without).
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
     if "TVM_NUM_THREADS" not in os.environ and _state["threads"] is not None:
         os.environ["TVM_NUM_THREADS"] = str(_state["threads"])
     import tvm
@@ -173,7 +177,7 @@ class TvmKernel(CompiledKernel):
             a = x if isinstance(x, np.ndarray) else np.asarray(x)
             if a.shape != spec.shape:
                 a = a.reshape(spec.shape)
-            if a.dtype == dt and a.flags.c_contiguous:
+            if a.dtype == dt and a.flags.c_contiguous and a.flags.writeable:  # DLPack refuses read-only
                 t = _from_dlpack(a)
                 if not t.data_ptr() % ALIGN:
                     args.append(t)
