@@ -105,8 +105,21 @@ def test_save_load_and_cli_run(compiled, tmp_path):
         np.testing.assert_array_equal(got[k], want[k])
     np.savez(tmp_path / "in.npz", **feeds)
     proc = subprocess.run(
-        [sys.executable, "-m", "korch", "run", str(out), "--inputs", str(tmp_path / "in.npz"), "--save",
-         str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "korch",
+            "run",
+            str(out),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--save",
+            str(tmp_path / "out.npz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     with np.load(tmp_path / "out.npz") as z:
         for k in want:
@@ -118,8 +131,12 @@ def test_save_load_and_cli_run(compiled, tmp_path):
 def test_cli_errors_are_one_line(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\x08\x07garbage")
-    proc = subprocess.run([sys.executable, "-m", "korch", "optimize", str(bad), "-o", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "korch", "optimize", str(bad), "-o", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("korch: error:")
     assert "Traceback" not in proc.stderr

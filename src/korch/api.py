@@ -32,8 +32,14 @@ class CompiledModel:
         return list(self.executable.outputs)
 
 
-def optimize(model: str | Path | Any, output_dir: str | Path | None = None, shapes=None,
-             settings: Settings | None = None, measure: bool = True, **options) -> CompiledModel:
+def optimize(
+    model: str | Path | Any,
+    output_dir: str | Path | None = None,
+    shapes=None,
+    settings: Settings | None = None,
+    measure: bool = True,
+    **options,
+) -> CompiledModel:
     """Optimize an ONNX model (path or ModelProto). ``options`` override ``Settings`` fields."""
     from korch.pipeline import run_pipeline, save_outputs
 

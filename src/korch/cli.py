@@ -69,8 +69,7 @@ def cmd_optimize(args) -> int:
 
     if not Path(args.model).exists():
         raise KorchError(f"{args.model}: no such file")
-    compiled = optimize(args.model, output_dir=args.output, shapes=_parse_shapes(args.shape),
-                        settings=_settings(args))
+    compiled = optimize(args.model, output_dir=args.output, shapes=_parse_shapes(args.shape), settings=_settings(args))
     print(format_summary(compiled.report))
     print(f"wrote {args.output}/ (plan.json, kernels/, report.json)")
     return 0

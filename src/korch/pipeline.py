@@ -132,8 +132,9 @@ def step_profile(ctx: Context) -> None:
             workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), _kernel_consts(g, c.kernel), c.backends)
     db = ResultsDB(ctx.settings.db_path)
     try:
-        results, stats = profile(list(workloads.values()), db, ctx.settings.target, ctx.settings,
-                                 progress=ctx.settings.progress)
+        results, stats = profile(
+            list(workloads.values()), db, ctx.settings.target, ctx.settings, progress=ctx.settings.progress
+        )
     finally:
         db.close()
     for c in ctx.candidates:
@@ -142,8 +143,11 @@ def step_profile(ctx: Context) -> None:
             if m is not None and m.ok and m.median_us is not None and m.median_us < c.cost_us:
                 c.cost_us, c.backend = m.median_us, b
     ctx.report.update(
-        workloads=len(workloads), measurements_requested=stats.requested, measurements_cached=stats.cached,
-        candidates_measured=stats.measured, measurements_failed=stats.failed,
+        workloads=len(workloads),
+        measurements_requested=stats.requested,
+        measurements_cached=stats.cached,
+        candidates_measured=stats.measured,
+        measurements_failed=stats.failed,
     )
 
 
@@ -154,8 +158,9 @@ def step_orchestrate(ctx: Context) -> None:
     assert g is not None
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
-        orch = solve(g, part, [c.kernel for c in cands], [c.cost_us for c in cands],
-                     time_limit_s=ctx.settings.blp_time_limit_s)
+        orch = solve(
+            g, part, [c.kernel for c in cands], [c.cost_us for c in cands], time_limit_s=ctx.settings.blp_time_limit_s
+        )
         ctx.blp_seconds += orch.seconds
         ctx.blp_max_seconds = max(ctx.blp_max_seconds, orch.seconds)
         ctx.chosen.extend(cands[i] for i in orch.order)

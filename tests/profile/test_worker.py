@@ -32,8 +32,14 @@ def test_faults_are_isolated_and_recorded(chaos):
         pool.close()
     status = {k: r.status for k, r in results.items()}
     assert status == {
-        "tanh": "ok", "neg": "crash", "sigmoid": "ok", "exp": "timeout", "log": "failed",
-        "sqrt": "wrong", "floor": "crash", "ceil": "ok",
+        "tanh": "ok",
+        "neg": "crash",
+        "sigmoid": "ok",
+        "exp": "timeout",
+        "log": "failed",
+        "sqrt": "wrong",
+        "floor": "crash",
+        "ceil": "ok",
     }
     assert results["tanh"].median_us > 0 and len(results["tanh"].times_us) == 3
     assert "chaos: log kernels raise" in results["log"].error

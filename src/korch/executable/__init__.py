@@ -153,10 +153,17 @@ class Executable:
         steps = []
         for st in self.steps:
             meta = st.kernel.save(d / "kernels", st.name)  # type: ignore[union-attr]
-            steps.append({
-                "name": st.name, "backend": st.backend, "workload": st.workload, "nodes": list(st.nodes),
-                "inputs": list(st.inputs), "outputs": list(st.outputs), "meta": meta,
-            })
+            steps.append(
+                {
+                    "name": st.name,
+                    "backend": st.backend,
+                    "workload": st.workload,
+                    "nodes": list(st.nodes),
+                    "inputs": list(st.inputs),
+                    "outputs": list(st.outputs),
+                    "meta": meta,
+                }
+            )
         plan = {
             "version": PLAN_VERSION,
             "inputs": {k: dataclasses.asdict(v) for k, v in self.inputs.items()},
@@ -186,11 +193,24 @@ class Executable:
         steps = []
         for s in plan["steps"]:
             kernel = get_backend(s["backend"]).load(s["meta"], d / "kernels", threads)
-            steps.append(Step(s["name"], s["backend"], s["workload"], tuple(s["nodes"]), tuple(s["inputs"]),
-                              tuple(s["outputs"]), kernel, s["meta"]))
+            steps.append(
+                Step(
+                    s["name"],
+                    s["backend"],
+                    s["workload"],
+                    tuple(s["nodes"]),
+                    tuple(s["inputs"]),
+                    tuple(s["outputs"]),
+                    kernel,
+                    s["meta"],
+                )
+            )
         spec = lambda v: TensorSpec(v["node"], tuple(v["shape"]), v["dtype"])  # noqa: E731
         return cls(
             {k: spec(v) for k, v in plan["inputs"].items()},
             {k: spec(v) for k, v in plan["outputs"].items()},
-            consts, steps, plan["free_after"], plan.get("buffer_stats"),
+            consts,
+            steps,
+            plan["free_after"],
+            plan.get("buffer_stats"),
         )

@@ -7,7 +7,19 @@ from korch.ir.text import assert_structural_equal, parse_graph, print_graph
 from korch.ir.verify import VerifyError, verify
 
 __all__ = [
-    "DTYPES", "Graph", "GraphBuilder", "GroupOp", "Node", "Op", "VerifyError",
-    "assert_structural_equal", "category", "eval_node", "evaluate", "infer",
-    "parse_graph", "print_graph", "verify",
+    "DTYPES",
+    "Graph",
+    "GraphBuilder",
+    "GroupOp",
+    "Node",
+    "Op",
+    "VerifyError",
+    "assert_structural_equal",
+    "category",
+    "eval_node",
+    "evaluate",
+    "infer",
+    "parse_graph",
+    "print_graph",
+    "verify",
 ]

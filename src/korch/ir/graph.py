@@ -171,9 +171,7 @@ def infer(op: Op, in_shapes: Sequence[Shape], in_dtypes: Sequence[str], attrs: d
         kernel, strides, dil = attrs["kernel"], attrs["strides"], attrs["dilations"]
         nsp = len(kernel)
         lead, spatial = shape[: len(shape) - nsp], shape[len(shape) - nsp :]
-        out = tuple(
-            (d - (k - 1) * dl - 1) // s + 1 for d, k, s, dl in zip(spatial, kernel, strides, dil)
-        )
+        out = tuple((d - (k - 1) * dl - 1) // s + 1 for d, k, s, dl in zip(spatial, kernel, strides, dil))
         if any(o <= 0 for o in out):
             raise ValueError("window: empty output")
         return lead + out + tuple(kernel), in_dtypes[0]
@@ -191,8 +189,7 @@ def infer(op: Op, in_shapes: Sequence[Shape], in_dtypes: Sequence[str], attrs: d
         if x[1] != w[1] * group or w[0] % group:
             raise ValueError(f"conv: channels {x} vs {w} group {group}")
         out = tuple(
-            (x[2 + i] + pads[i] + pads[nsp + i] - dil[i] * (w[2 + i] - 1) - 1) // strides[i] + 1
-            for i in range(nsp)
+            (x[2 + i] + pads[i] + pads[nsp + i] - dil[i] * (w[2 + i] - 1) - 1) // strides[i] + 1 for i in range(nsp)
         )
         return (x[0], w[0]) + out, in_dtypes[0]
     raise ValueError(f"no shape rule for {op}")

@@ -108,7 +108,9 @@ IMPLS: dict[Op, Callable[..., np.ndarray]] = {
     Op.ADD: lambda n, a, b: a + b,
     Op.SUB: lambda n, a, b: a - b,
     Op.MUL: lambda n, a, b: a * b,
-    Op.DIV: lambda n, a, b: (a / b) if np.issubdtype(np.result_type(a, b), np.floating) else np.trunc(a / b).astype(np.result_type(a, b)),
+    Op.DIV: lambda n, a, b: (
+        (a / b) if np.issubdtype(np.result_type(a, b), np.floating) else np.trunc(a / b).astype(np.result_type(a, b))
+    ),
     Op.POW: lambda n, a, b: np.power(a, b),
     Op.MAX: lambda n, a, b: np.maximum(a, b),
     Op.MIN: lambda n, a, b: np.minimum(a, b),

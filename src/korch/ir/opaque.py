@@ -29,9 +29,13 @@ def opaque_model_bytes(node: Node, in_shapes: Sequence[tuple], in_dtypes: Sequen
         if name == "":
             continue
         shape, dtype = next(it)
-        inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape)))
+        inputs.append(
+            helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape))
+        )
     out_name = proto.output[node.attr("out_index")]
-    outputs = [helper.make_tensor_value_info(out_name, helper.np_dtype_to_tensor_dtype(np.dtype(node.dtype)), list(node.shape))]
+    outputs = [
+        helper.make_tensor_value_info(out_name, helper.np_dtype_to_tensor_dtype(np.dtype(node.dtype)), list(node.shape))
+    ]
     graph = helper.make_graph([proto], "opaque", inputs, outputs)
     opsets = [helper.make_opsetid(d, v) for d, v in node.attr("opset")]
     model = helper.make_model(graph, opset_imports=opsets)

@@ -81,23 +81,42 @@ class GroupOp:
     SOURCE = frozenset({Op.INPUT, Op.CONST})
     UNARY = frozenset(
         {
-            Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIPROCAL, Op.TANH, Op.ERF,
-            Op.SIGMOID, Op.ABS, Op.FLOOR, Op.CEIL, Op.NOT, Op.CAST,
+            Op.NEG,
+            Op.EXP,
+            Op.LOG,
+            Op.SQRT,
+            Op.RECIPROCAL,
+            Op.TANH,
+            Op.ERF,
+            Op.SIGMOID,
+            Op.ABS,
+            Op.FLOOR,
+            Op.CEIL,
+            Op.NOT,
+            Op.CAST,
         }
     )
     BINARY = frozenset(
         {
-            Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.POW, Op.MAX, Op.MIN,
-            Op.EQUAL, Op.LESS, Op.GREATER, Op.AND, Op.OR,
+            Op.ADD,
+            Op.SUB,
+            Op.MUL,
+            Op.DIV,
+            Op.POW,
+            Op.MAX,
+            Op.MIN,
+            Op.EQUAL,
+            Op.LESS,
+            Op.GREATER,
+            Op.AND,
+            Op.OR,
         }
     )
     COMPARE = frozenset({Op.EQUAL, Op.LESS, Op.GREATER})
     ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
     REDUCE = frozenset({Op.REDUCE_SUM, Op.REDUCE_MAX, Op.REDUCE_MIN})
     BROADCAST = frozenset({Op.BROADCAST})
-    LAYOUT = frozenset(
-        {Op.RESHAPE, Op.TRANSPOSE, Op.SLICE, Op.CONCAT, Op.PAD, Op.GATHER, Op.WINDOW}
-    )
+    LAYOUT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.SLICE, Op.CONCAT, Op.PAD, Op.GATHER, Op.WINDOW})
     LINEAR = frozenset({Op.MATMUL, Op.CONV})
     OPAQUE = frozenset({Op.OPAQUE})
     # everything a generated (memory-bound) kernel can contain

@@ -34,8 +34,13 @@ def verify(graph: Graph) -> None:
             continue
         if node.op is Op.OPAQUE:
             continue
-        arity = {**{o: 1 for o in GroupOp.UNARY}, **{o: 2 for o in GroupOp.BINARY}, Op.WHERE: 3,
-                 Op.MATMUL: 2, Op.CONV: 2}
+        arity = {
+            **{o: 1 for o in GroupOp.UNARY},
+            **{o: 2 for o in GroupOp.BINARY},
+            Op.WHERE: 3,
+            Op.MATMUL: 2,
+            Op.CONV: 2,
+        }
         if node.op in GroupOp.REDUCE | GroupOp.BROADCAST | GroupOp.LAYOUT - {Op.CONCAT}:
             arity[node.op] = 1
         if node.op in arity and len(node.inputs) != arity[node.op]:

@@ -87,8 +87,9 @@ def profile(
             if bar is not None:
                 bar.update(1)
 
-        pool = WorkerPool(settings.num_threads, (settings.warmup, settings.repeat, settings.min_repeat_ms),
-                          settings.kernel_timeout_s)
+        pool = WorkerPool(
+            settings.num_threads, (settings.warmup, settings.repeat, settings.min_repeat_ms), settings.kernel_timeout_s
+        )
         try:
             pool.run(jobs, on_result)
         finally:

@@ -82,8 +82,18 @@ class ResultsDB:
         self.conn.execute(
             "INSERT OR REPLACE INTO measurements (workload, target, backend, config, versions, status,"
             " median_us, times_us, error, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (m.workload, m.target, m.backend, m.config, m.versions, m.status, m.median_us,
-             json.dumps(list(m.times_us)), m.error[:2000], time.time()),
+            (
+                m.workload,
+                m.target,
+                m.backend,
+                m.config,
+                m.versions,
+                m.status,
+                m.median_us,
+                json.dumps(list(m.times_us)),
+                m.error[:2000],
+                time.time(),
+            ),
         )
 
     def lookup(self, workload: str, target: str, backend: str, config: str, versions: str) -> Measurement | None:
@@ -94,8 +104,9 @@ class ResultsDB:
         ).fetchone()
         if row is None:
             return None
-        return Measurement(workload, target, backend, config, versions, row[0], row[1],
-                           tuple(json.loads(row[2] or "[]")), row[3] or "")
+        return Measurement(
+            workload, target, backend, config, versions, row[0], row[1], tuple(json.loads(row[2] or "[]")), row[3] or ""
+        )
 
     def count(self, status: str | None = None) -> int:
         if status is None:

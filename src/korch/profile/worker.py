@@ -142,8 +142,15 @@ class WorkerPool:
                 if len(batch) > 1:  # find the guilty kernel one at a time
                     queue[:0] = [[j] for j in batch]
                 else:
-                    on_result(JobResult(batch[0].key, kind if kind in ("timeout", "crash") else "crash", None, (),
-                                        f"worker {kind} while building"))
+                    on_result(
+                        JobResult(
+                            batch[0].key,
+                            kind if kind in ("timeout", "crash") else "crash",
+                            None,
+                            (),
+                            f"worker {kind} while building",
+                        )
+                    )
                 continue
             remaining = list(batch)
             while True:
