@@ -117,6 +117,8 @@ class Executable:
             free_after, buffer_stats = plan_buffers(steps, keep, sizes)
         self.free_after = free_after
         self.buffer_stats = buffer_stats or {}
+        self.cuda_graph = False  # Settings.cuda_graph; used by the device runner
+        self._device_runner = None
 
     def check_inputs(self, feeds: Mapping[str, Any]) -> dict[int, np.ndarray]:
         env: dict[int, np.ndarray] = {}
@@ -135,7 +137,19 @@ class Executable:
             env[spec.node] = np.ascontiguousarray(arr)
         return env
 
+    def device_runner(self):
+        """The runner keeping tensors on the device (Note [Device executable]), or None when
+        no kernel is a device kernel (the cpu target)."""
+        from korch.executable.device import DeviceRunner, is_device_kernel
+
+        if self._device_runner is None and any(is_device_kernel(s.kernel) for s in self.steps):
+            self._device_runner = DeviceRunner(self, self.cuda_graph)
+        return self._device_runner
+
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        runner = self.device_runner()
+        if runner is not None:
+            return runner(feeds)
         env = self.check_inputs(feeds)
         env.update(self.consts)
         for step, free in zip(self.steps, self.free_after):
@@ -171,6 +185,7 @@ class Executable:
             "steps": steps,
             "free_after": self.free_after,
             "buffer_stats": self.buffer_stats,
+            "cuda_graph": self.cuda_graph,
         }
         (d / "plan.json").write_text(json.dumps(plan, indent=1))
         np.savez(d / "consts.npz", **{str(k): v for k, v in self.consts.items()})
@@ -206,7 +221,7 @@ class Executable:
                 )
             )
         spec = lambda v: TensorSpec(v["node"], tuple(v["shape"]), v["dtype"])  # noqa: E731
-        return cls(
+        exe = cls(
             {k: spec(v) for k, v in plan["inputs"].items()},
             {k: spec(v) for k, v in plan["outputs"].items()},
             consts,
@@ -214,3 +229,5 @@ class Executable:
             plan["free_after"],
             plan.get("buffer_stats"),
         )
+        exe.cuda_graph = bool(plan.get("cuda_graph", False))
+        return exe

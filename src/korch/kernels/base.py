@@ -35,6 +35,8 @@ class Backend(abc.ABC):
     name: str = ""
     # the kernel classes (korch.ir.subgraph.kernel_class) this backend takes
     kinds: frozenset[str] = frozenset()
+    # the Settings.target values this backend serves (Note [Device kernels] in device.py)
+    targets: frozenset[str] = frozenset({"cpu"})
 
     @abc.abstractmethod
     def supports(self, kgraph: Graph) -> bool:
@@ -74,7 +76,12 @@ def register(backend: Backend) -> Backend:
 def get_backend(name: str) -> Backend:
     from korch.kernels import registry  # noqa: F401  (populates _REGISTRY)
 
-    return _REGISTRY[name]
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        from korch.errors import KorchError
+
+        raise KorchError(f"unknown kernel backend {name!r}; available here: {sorted(_REGISTRY)}") from None
 
 
 def all_backends() -> list[Backend]:
