@@ -160,6 +160,27 @@ def test_search_is_deterministic_and_bounded():
     assert isinstance(s1, RewriteStats)
 
 
+def test_patience_stops_early_with_the_same_answer():
+    g = _qkv(np.random.default_rng(2))
+    g_full, s_full = optimize_graph(g, budget=30, time_limit_s=60)
+    g_pat, s_pat = optimize_graph(g, budget=30, time_limit_s=60, patience=3)
+    assert s_pat.stopped in ("patience", "exhausted") and s_pat.steps <= s_full.steps
+    assert s_full.stopped in ("budget", "exhausted")
+    assert print_graph(g_pat) == print_graph(g_full) and s_pat.applied == s_full.applied
+    _, s0 = optimize_graph(g, time_limit_s=0.0)
+    assert s0.stopped == "time"
+
+
+def test_nothing_applied_returns_the_input_graph():
+    # a rebuilt copy would list the same nodes in another topological order, and the
+    # partition (contiguous segments of that order) would change for nothing
+    b = GraphBuilder()
+    x = b.input("x", (4, 8), "float32")
+    b.output("y", b.unary(Op.TANH, b.unary(Op.EXP, x)))
+    g2, stats = optimize_graph(b.graph)
+    assert stats.applied == {} and g2 is b.graph
+
+
 def test_cost_is_pluggable():
     """A cost that only counts REDUCE_SUM primitives makes the search trade them for MatMuls."""
     b = GraphBuilder()
