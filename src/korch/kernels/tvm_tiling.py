@@ -261,3 +261,146 @@ def _itemsize(dtype: str) -> int:
     import numpy as np
 
     return np.dtype(dtype).itemsize
+
+
+# --- tiling solutions -> tile configs (Note [Tiling to TileConfig]) -----------------------
+
+# Note [Tiling to TileConfig]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The tiling model (``korch.tiling``) tiles the loop nest of its *description anchor*
+# (the largest compute tensor or reduction input); the generated kernel tiles rows of
+# its *schedule anchor* (the largest output). They meet in the count of parallel tiles
+# ``n_par``, what the core split shares out:
+#
+# * core split: ``parallel`` iff the solution uses more than one core;
+# * tile size: the schedule's row loop gets the fewest row-aligned leading axes whose
+#   rows number at least ``n_par`` (Note [Row tiling]); when
+#   the prefix is every axis, the fused loop is split into ``inner_tile`` elements, a
+#   multiple of the lanes dividing the size, as close as possible to size / n_par;
+# * where intermediates live: with a row-resident template (``elementwise``,
+#   ``one-pass``, ``multi-pass``) the stored intermediates are computed per tile inside
+#   the row loop (in cache); with ``split-reduce`` over several cores (a row's
+#   reduction itself shared out) each block gets its own parallel nest and its
+#   intermediates go through memory (``parallel_axes = 0``);
+# * vector width: the target's lanes, halved until they divide the innermost tile.
+#
+# Inlining is the rule's (``choose_inline``): the model has no recomputation term.
+
+
+def _stored_and_pmax(g: Graph, anchor: int, inline: tuple[int, ...]) -> tuple[set[int], int]:
+    stored = {n for n in _ancestors(g, anchor) if g.nodes[n].op not in GroupOp.SOURCE and n not in inline}
+    p_max = len(g.nodes[anchor].shape)
+    while p_max > 0 and stored and not row_aligned(g, anchor, p_max, stored):
+        p_max -= 1
+    return stored, p_max
+
+
+def _closest_inner_tile(size: int, lanes: int, want: float) -> int:
+    """A divisor of ``size`` that is a multiple of ``lanes`` and closest (in ratio) to ``want``."""
+    best, best_d = 0, math.inf
+    t = lanes
+    while t <= min(size // 2, 1 << 16):
+        if size % t == 0:
+            d = abs(math.log(t / max(want, 1.0)))
+            if d < best_d:
+                best, best_d = t, d
+        t += lanes
+    return best
+
+
+def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int = 32, desc=None) -> TileConfig:
+    """The ``TileConfig`` applying tiling solution ``sol`` (a ``korch.tiling.TilingSolution``
+    for ``g``'s description) to the generated kernel (Note [Tiling to TileConfig]).
+
+    Pure; ``desc`` is ``korch.tiling.describe(g)`` when the caller has it.
+    """
+    if desc is None:
+        from korch.tiling.describe import describe
+
+        desc = describe(g)
+    outputs = list(dict.fromkeys(g.outputs.values()))
+    anchor = max(outputs, key=lambda n: (g.nodes[n].size, n))
+    node = g.nodes[anchor]
+    rank = len(node.shape)
+    inline = choose_inline(g)
+    stored, p_max = _stored_and_pmax(g, anchor, inline)
+    itemsize = 1 if node.dtype == "bool" else max(1, _itemsize(node.dtype))
+    lanes = max(1, vector_bytes // itemsize)
+    tiles = dict(zip(sol.axes, sol.tiles))
+    n_par = 1
+    inner_tile_len = None
+    for a in desc.axes:
+        t = max(1, min(a.extent, tiles.get(a.name, a.extent)))
+        if not a.reduce:
+            n_par *= math.ceil(a.extent / t)
+        if a.innermost:
+            inner_tile_len = t
+    parallel = num_threads > 1 and sol.cores > 1
+    split_reduce = sol.template == "split-reduce" and sol.reduce_split > 1
+    if split_reduce or (stored and p_max == 0):
+        p = 0
+    elif not stored:
+        p = rank
+    else:
+        # the fewest leading axes giving at least as many rows as the model has tiles
+        p = next((k for k in range(1, p_max + 1) if math.prod(node.shape[:k]) >= n_par), p_max)
+    inner_tile = 0
+    if p == rank and rank > 0:
+        inner_tile = _closest_inner_tile(node.size, lanes, node.size / max(1, n_par))
+        contiguous = inner_tile or node.size
+    else:
+        contiguous = math.prod(node.shape[p:]) if p > 0 else node.shape[-1] if rank else 1
+    vec = _vector_lanes(contiguous, lanes)
+    if inner_tile_len:
+        while vec > 1 and vec > inner_tile_len:
+            vec //= 2
+    return TileConfig(
+        anchor=anchor,
+        parallel_axes=p,
+        inner_tile=inner_tile,
+        vector_width=max(1, vec),
+        inline=inline,
+        compute_at=tuple(sorted(stored)) if p > 0 else (),
+        parallel=parallel,
+    )
+
+
+def config_key(cfg: TileConfig) -> str:
+    """The measurement-database ``config`` string of a tile config: its fields as
+    compact, sorted JSON (the tiling stored as data with its measurement)."""
+    import json
+
+    return "tile:" + json.dumps(dataclasses.asdict(cfg), sort_keys=True, separators=(",", ":"))
+
+
+def config_from_key(key: str) -> TileConfig | None:
+    """Inverse of ``config_key`` (None for keys that are not tile configs)."""
+    import json
+
+    if not key.startswith("tile:"):
+        return None
+    d = json.loads(key[5:])
+    d["inline"], d["compute_at"] = tuple(d["inline"]), tuple(d["compute_at"])
+    return TileConfig(**d)
+
+
+def model_tile_config(
+    g: Graph, num_threads: int, vector_bytes: int = 32, target="cpu", solver: str = "descent"
+) -> tuple[TileConfig, object | None]:
+    """(the tile config the tiling model chooses for ``g``, its ``TilingSolution``);
+    the rule's ``default_tile_config`` and None when the model has no tiling for it."""
+    from korch.tiling.describe import describe
+    from korch.tiling.solvers import solve
+    from korch.tiling.target import get_target
+
+    tgt = get_target(target) if isinstance(target, str) else target
+    if tgt.cores != num_threads:
+        tgt = tgt.replace(cores=max(1, num_threads))
+    try:
+        desc = describe(g)
+        sol = solve(desc, tgt, solver)
+    except ValueError:
+        sol = None
+    if sol is None:
+        return default_tile_config(g, num_threads, vector_bytes), None
+    return tile_config_from_solution(g, sol, num_threads, vector_bytes, desc), sol

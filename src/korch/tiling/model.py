@@ -41,6 +41,7 @@ import numpy as np
 import sympy as sp
 
 from korch.tiling.describe import KernelDesc, TensorDesc
+from korch.tiling.fastexpr import FastAlgebra
 from korch.tiling.target import Target, TransferPipe
 
 # sympy's own Max/Min/Piecewise/ceiling simplify on construction (comparisons, set
@@ -90,6 +91,35 @@ def _sym(name: str) -> sp.Symbol:
     return sp.Symbol(name)
 
 
+class SympyAlgebra:
+    """The model's operations on sympy expressions: the symbolic form (Note [Fast model
+    algebra] in fastexpr.py gives the same numbers without sympy)."""
+
+    name = "sympy"
+    sym = staticmethod(_sym)
+    integer = staticmethod(sp.Integer)
+    rational = staticmethod(sp.Rational)
+    number = staticmethod(sp.nsimplify)
+    max = staticmethod(_max)
+    min = staticmethod(_min)
+    ceil = staticmethod(_ceil)
+    ge = staticmethod(_ge)
+    eq = staticmethod(_eq)
+
+    @staticmethod
+    def mul(xs):
+        return sp.Mul(*xs)
+
+    @staticmethod
+    def add(xs):
+        return sp.Add(*xs)
+
+    @staticmethod
+    def compile(symbols, outputs, funcs):
+        mod = "numpy" if funcs is NUMPY_FUNCS else "math"
+        return sp.lambdify(list(symbols), list(outputs), [funcs, mod], cse=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Var:
     """A tiling variable and the flags the axis-ordering solver ranks it by."""
@@ -126,31 +156,33 @@ def core_candidates(cores: int) -> tuple[int, ...]:
     return tuple(range(1, cores + 1))
 
 
-def _term_extent(term, t: Mapping[int, sp.Expr], dim: int):
+def _term_extent(A, term, t: Mapping[int, sp.Expr], dim: int):
     ax, sc, off = term
-    e = sp.Rational(sc.numerator, sc.denominator) * t[ax] + sp.Rational(off.numerator, off.denominator)
+    e = A.rational(sc.numerator, sc.denominator) * t[ax] + A.rational(off.numerator, off.denominator)
     if not (isinstance(sc, Fraction) and sc.denominator == 1 and off.denominator == 1):
-        e = _ceil(e)
-    return _min(e, dim)
+        e = A.ceil(e)
+    return A.min(e, dim)
 
 
-def _dim_extent(entry, t, dim: int):
+def _dim_extent(A, entry, t, dim: int):
     if entry is None:
-        return sp.Integer(dim)
+        return A.integer(dim)
     if entry == ():
-        return sp.Integer(1)
-    e = sp.Integer(1)
+        return A.integer(1)
+    e = A.integer(1)
     for term in entry:
-        e = e * _term_extent(term, t, dim)
-    return _min(e, dim) if len(entry) > 1 else e
+        e = e * _term_extent(A, term, t, dim)
+    return A.min(e, dim) if len(entry) > 1 else e
 
 
 class TemplateModel:
     """The symbolic model of ``desc`` under one template on ``target`` (Note [Tiling model])."""
 
-    def __init__(self, desc: KernelDesc, target: Target, template: str):
+    def __init__(self, desc: KernelDesc, target: Target, template: str, algebra: str = "sympy"):
         if template not in desc.templates:
             raise ValueError(f"template {template!r} does not apply to a {desc.kind} kernel")
+        A = SympyAlgebra() if algebra == "sympy" else FastAlgebra()
+        self.algebra = A.name
         self.desc, self.target, self.template = desc, target, template
         axes = desc.axes
         itemsize = min((t.itemsize for t in desc.tensors), default=4)
@@ -159,31 +191,31 @@ class TemplateModel:
         t: dict[int, sp.Expr] = {}
         for i, a in enumerate(axes):
             if a.fixed or (template == "one-pass" and a.reduce):
-                t[i] = sp.Integer(a.extent)
+                t[i] = A.integer(a.extent)
                 continue
             name = f"t{i}"
-            t[i] = _sym(name)
+            t[i] = A.sym(name)
             cands = tile_candidates(a.extent, align_elems if a.innermost else 1)
             vars_.append(
                 Var(name, "tile", i, 1, a.extent, cands, reduce=a.reduce, broadcast=a.broadcast, innermost=a.innermost)
             )
-        c = _sym("c")
+        c = A.sym("c")
         vars_.append(Var("c", "core", None, 1, target.cores, core_candidates(target.cores), parent=True))
-        k = sp.Integer(1)
+        k = A.integer(1)
         if template == "split-reduce":
-            k = _sym("k")
+            k = A.sym("k")
             kc = tuple(v for v in _pow2_upto(target.cores))
             vars_.append(Var("k", "core", None, 1, target.cores, kc, parent=True, reduce=True))
         self.vars = tuple(vars_)
-        self.symbols = tuple(_sym(v.name) for v in vars_)
+        self.symbols = tuple(A.sym(v.name) for v in vars_)
         self.t = t
 
-        n_tiles = {i: _ceil(sp.Integer(a.extent) / t[i]) for i, a in enumerate(axes)}
-        n_par = sp.Mul(*[n_tiles[i] for i, a in enumerate(axes) if not a.reduce])
-        n_red = sp.Mul(*[n_tiles[i] for i, a in enumerate(axes) if a.reduce])
-        per_core_par = _ceil(n_par / c)
-        c_eff = _ceil(n_par / per_core_par)  # balanced: no core left with a sliver
-        per_core_red = _ceil(n_red / k)
+        n_tiles = {i: A.ceil(A.integer(a.extent) / t[i]) for i, a in enumerate(axes)}
+        n_par = A.mul([n_tiles[i] for i, a in enumerate(axes) if not a.reduce])
+        n_red = A.mul([n_tiles[i] for i, a in enumerate(axes) if a.reduce])
+        per_core_par = A.ceil(n_par / c)
+        c_eff = A.ceil(n_par / per_core_par)  # balanced: no core left with a sliver
+        per_core_red = A.ceil(n_red / k)
         cores = c_eff * k
         self.n_par, self.n_red, self.cores_used = n_par, n_red, cores
 
@@ -192,11 +224,11 @@ class TemplateModel:
         self.spans_reduce: dict[int, bool] = {}
         red = set(desc.reduce_axes)
         for td in desc.tensors:
-            e = sp.Integer(1)
+            e = A.integer(1)
             for entry, dim in zip(td.dims, td.shape):
-                e = e * _dim_extent(entry, t, dim)
+                e = e * _dim_extent(A, entry, t, dim)
             if td.scale != 1.0:
-                e = _ceil(e * sp.nsimplify(td.scale))
+                e = A.ceil(e * A.number(td.scale))
             self.elems[td.node] = e
             self.spans_reduce[td.node] = any(entry and any(term[0] in red for term in entry) for entry in td.dims)
 
@@ -207,38 +239,38 @@ class TemplateModel:
             def alloc(node: int, level=level) -> sp.Expr:
                 td = desc.tensor(node)
                 if td.alias:
-                    return sp.Integer(0)
+                    return A.integer(0)
                 nbytes = self.elems[node] * td.itemsize
-                rounded = _ceil(nbytes / level.alignment) * level.alignment
+                rounded = A.ceil(nbytes / level.alignment) * level.alignment
                 count = 2 if td.level == "gm" or td.role == "output" else 1
                 return rounded * count
 
-            sets = [sp.Add(*[alloc(n) for n in live]) for live in desc.live_sets] or [sp.Integer(0)]
-            temp = sp.Integer(0)
+            sets = [A.add([alloc(n) for n in live]) for live in desc.live_sets] or [A.integer(0)]
+            temp = A.integer(0)
             for call in desc.calls:
                 if call.api == "reduce":
                     out = self.elems[call.node] * call.itemsize
-                    temp = temp + _max(_ceil(out / level.alignment) * level.alignment, target.vector_bytes)
-            self.buffers.append((level.name, _max(*sets) + temp, level.usable))
+                    temp = temp + A.max(A.ceil(out / level.alignment) * level.alignment, target.vector_bytes)
+            self.buffers.append((level.name, A.max(*sets) + temp, level.usable))
 
         # --- pipe times ------------------------------------------------------------------
         gm_align = target.levels[0].alignment if target.levels and target.levels[0].role == "gm" else 1
 
         def transfer_bytes(td: TensorDesc) -> sp.Expr:
-            ext = [_dim_extent(e, t, d) for e, d in zip(td.dims, td.shape)]
+            ext = [_dim_extent(A, e, t, d) for e, d in zip(td.dims, td.shape)]
             nz = [i for i, d in enumerate(td.shape) if d > 1]
             total = self.elems[td.node] * td.itemsize
             if not nz:
-                return _ceil(total / gm_align) * gm_align
+                return A.ceil(total / gm_align) * gm_align
             # a contiguous run grows past a dim only while the tile covers the dims
             # after it whole (two levels are enough for the kernels we see)
             run = cover = ext[nz[-1]]
-            full = sp.Integer(td.shape[nz[-1]])
+            full = A.integer(td.shape[nz[-1]])
             for j in list(reversed(nz[:-1]))[:2]:
-                run = _eq(cover, full, cover * ext[j], run)
+                run = A.eq(cover, full, cover * ext[j], run)
                 cover, full = cover * ext[j], full * td.shape[j]
             run_bytes = run * td.itemsize
-            lines = _ceil(run_bytes / gm_align) * gm_align
+            lines = A.ceil(run_bytes / gm_align) * gm_align
             return total / run_bytes * lines
 
         def transfer_cost(pipe: TransferPipe, nbytes: sp.Expr) -> sp.Expr:
@@ -247,14 +279,14 @@ class TemplateModel:
 
             if pipe.threshold <= 0 or pipe.large == pipe.small:
                 return one(pipe.large)
-            return _ge(nbytes, pipe.threshold, one(pipe.large), one(pipe.small))
+            return A.ge(nbytes, pipe.threshold, one(pipe.large), one(pipe.small))
 
         def head(pipe: TransferPipe, nbytes: sp.Expr) -> sp.Expr:
             hl = pipe.head_large[0] * cores + pipe.head_large[1]
             hs = pipe.head_small[0] * cores + pipe.head_small[1]
             if pipe.threshold <= 0 or pipe.head_large == pipe.head_small:
                 return hl
-            return _ge(nbytes, pipe.threshold, hl, hs)
+            return A.ge(nbytes, pipe.threshold, hl, hs)
 
         def trips(node: int) -> sp.Expr:
             return per_core_par * (per_core_red if self.spans_reduce[node] else 1)
@@ -263,14 +295,14 @@ class TemplateModel:
         passes = [tuple(sorted({n for p in desc.pass_nodes for n in p}))] if one_pass else list(desc.pass_nodes)
         pass_of = dict(desc.pass_of)
         gm_inputs = {td.node: td for td in desc.tensors if td.level == "gm"}
-        load = vec = store = sp.Integer(0)
-        biggest_load = sp.Integer(0)
+        load = vec = store = A.integer(0)
+        biggest_load = A.integer(0)
         for p, nodes in enumerate(passes):
             for n in nodes:
                 if n in gm_inputs:
                     nb = transfer_bytes(gm_inputs[n])
                     load = load + trips(n) * transfer_cost(target.load, nb)
-                    biggest_load = _max(biggest_load, nb)
+                    biggest_load = A.max(biggest_load, nb)
             for call in desc.calls:
                 if call.node in nodes:
                     pe, pc = target.vec.coef(call.api, call.itemsize)
@@ -278,21 +310,21 @@ class TemplateModel:
             for td in desc.tensors:
                 if td.role == "output" and (one_pass or pass_of[td.node] == p):
                     store = store + trips(td.node) * transfer_cost(target.store, transfer_bytes(td))
-        out_bytes = _max(
-            sp.Integer(0), *[self.elems[td.node] * td.itemsize for td in desc.tensors if td.role == "output"]
+        out_bytes = A.max(
+            A.integer(0), *[self.elems[td.node] * td.itemsize for td in desc.tensors if td.role == "output"]
         )
         pipes = {
-            "load": load + head(target.load, biggest_load) if gm_inputs else sp.Integer(0),
+            "load": load + head(target.load, biggest_load) if gm_inputs else A.integer(0),
             "vec": vec + target.vec.head,
             "store": store + head(target.store, out_bytes),
         }
-        bottleneck = _max(*pipes.values())
+        bottleneck = A.max(*pipes.values())
         total = bottleneck
         if target.overlap < 1.0:
-            total = total + (1.0 - target.overlap) * (sp.Add(*pipes.values()) - bottleneck)
-        launches = sp.Integer(1)
+            total = total + (1.0 - target.overlap) * (A.add(pipes.values()) - bottleneck)
+        launches = A.integer(1)
         if template == "split-reduce" and len(passes) > 1:
-            launches = _ge(k, 2, sp.Integer(len(passes)), sp.Integer(1))
+            launches = A.ge(k, 2, A.integer(len(passes)), A.integer(1))
             total = total + (launches - 1) * (target.vec.head + head(target.load, biggest_load))
         total = total + launches * target.launch
         self.pipes = {name: e * target.unit_us for name, e in pipes.items()}
@@ -305,10 +337,11 @@ class TemplateModel:
             cons.append(k - n_red)
             cons.append(c * k - target.cores)
         self.constraints = cons
-        # one function for everything a solver probes: [time, cores, *buffers, *constraints]
-        self._outputs = [self.time, cores, *[b for _, b, _ in self.buffers], *cons]
-        self._f = sp.lambdify(list(self.symbols), self._outputs, [MATH_FUNCS, "math"], cse=True)
-        self._f_counts = sp.lambdify(list(self.symbols), [n_par, n_red], [MATH_FUNCS, "math"])
+        # one function for everything a solver probes:
+        # [time, cores, parallel tiles, reduce tiles, *buffers, *constraints]
+        self._outputs = [self.time, cores, n_par, n_red, *[b for _, b, _ in self.buffers], *cons]
+        self._alg = A
+        self._f = A.compile(self.symbols, self._outputs, MATH_FUNCS)
         self._np = None
         self.evaluations = 0
 
@@ -318,7 +351,7 @@ class TemplateModel:
         self.evaluations += 1
         out = self._f(*x)
         nb = len(self.buffers)
-        return float(out[0]), all(g <= 0 for g in out[2 + nb :])
+        return float(out[0]), all(g <= 0 for g in out[4 + nb :])
 
     def time_us(self, x: Sequence[int]) -> float:
         return self.probe(x)[0]
@@ -328,12 +361,12 @@ class TemplateModel:
 
     def buffer_bytes(self, x: Sequence[int]) -> tuple[int, ...]:
         out = self._f(*x)
-        return tuple(int(b) for b in out[2 : 2 + len(self.buffers)])
+        return tuple(int(b) for b in out[4 : 4 + len(self.buffers)])
 
     def tile_counts(self, x: Sequence[int]) -> tuple[int, int]:
         """(parallel tiles, reduce tiles) at ``x``: what the core split shares out."""
-        n_par, n_red = self._f_counts(*x)
-        return int(n_par), int(n_red)
+        out = self._f(*x)
+        return int(out[2]), int(out[3])
 
     def cores(self, x: Sequence[int]) -> int:
         return int(self._f(*x)[1])
@@ -347,7 +380,7 @@ class TemplateModel:
         """Time and feasibility at many points at once (columns of variable values)."""
         if self._np is None:
             exprs = [self.time, *self.constraints]
-            self._np = sp.lambdify(list(self.symbols), exprs, [NUMPY_FUNCS, "numpy"], cse=True)
+            self._np = self._alg.compile(self.symbols, exprs, NUMPY_FUNCS)
         cols = [np.asarray(c, dtype=np.float64) for c in cols]
         n = len(cols[0]) if cols else 1
         out = self._np(*cols)

@@ -256,9 +256,11 @@ def _solve_exhaustive(model: TemplateModel, max_points: int = 4_000_000, chunk: 
 
 
 # --- driver ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=256)
-def models_for(desc: KernelDesc, target: Target) -> tuple[TemplateModel, ...]:
-    return tuple(TemplateModel(desc, target, tpl) for tpl in desc.templates)
+@functools.lru_cache(maxsize=4096)
+def models_for(desc: KernelDesc, target: Target, algebra: str = "fast") -> tuple[TemplateModel, ...]:
+    """The kernel's template models, compiled by the fast algebra (the same numbers as
+    the sympy form; Note [Fast model algebra])."""
+    return tuple(TemplateModel(desc, target, tpl, algebra) for tpl in desc.templates)
 
 
 def solve_template(model: TemplateModel, solver: str) -> dict[str, int] | None:

@@ -1,0 +1,292 @@
+"""Auto tiling in the pipeline: tile-config quality, prediction quality, guided profiling.
+
+    python benchmarks/tiling_integration.py grid   [--models mlp,attention] [--per-model 6]
+    python benchmarks/tiling_integration.py guided [--models mlp,attention,candy_block,opaque]
+
+``grid``: for a sample of memory-bound candidate kernels of the test models, the
+kernel time of the tiling model's TileConfig and of the rule's (``default_tile_config``)
+against the best of a measured grid of tile configs (parallel prefix x inner tile x
+vector width x threads on/off; both chosen configs are in the grid). All configs of a
+kernel are built in one module and timed round-robin (medians), so machine load hits
+them alike.
+
+``guided``: per model, optimize with model-guided and with exhaustive profiling (fresh
+databases, order alternated between models); prints candidates enumerated, measured,
+rounds, total optimize time, the Spearman rank correlation of predicted vs measured
+latency over all candidates the exhaustive run measured (generated kernels), and the
+end-to-end latency of both executables timed alternately in one process (medians).
+
+Both print os.getloadavg() (2 cores, shared with other engineers' tests): read the
+numbers with it. The last line is one JSON object. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _spearman(a, b) -> float:
+    def ranks(x):
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        # average ties
+        xs = np.asarray(x)[order]
+        i = 0
+        while i < len(xs):
+            j = i
+            while j + 1 < len(xs) and xs[j + 1] == xs[i]:
+                j += 1
+            r[order[i : j + 1]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    ra, rb = ranks(np.asarray(a, float)), ranks(np.asarray(b, float))
+    return float(np.corrcoef(ra, rb)[0, 1]) if len(a) > 2 else float("nan")
+
+
+# --- grid ------------------------------------------------------------------------------------
+def grid_configs(g, num_threads: int, vb: int, extra=()) -> list:
+    import dataclasses
+
+    from korch.kernels.tvm_tiling import _closest_inner_tile, _itemsize, _stored_and_pmax, default_tile_config
+
+    base = default_tile_config(g, num_threads, vb)
+    node = g.nodes[base.anchor]
+    rank = len(node.shape)
+    stored, p_max = _stored_and_pmax(g, base.anchor, base.inline)
+    lanes = max(1, vb // max(1, _itemsize(node.dtype)))
+    ps = [rank] if not stored else list(range(0, p_max + 1))
+    out = list(extra)
+    for p in ps:
+        inners = [0]
+        if p == rank and rank > 0:
+            inners = sorted({_closest_inner_tile(node.size, lanes, node.size / n) for n in (2, 4, 16, 64, 256)} - {0})
+            inners = inners or [0]
+        for inner in inners:
+            for vec in sorted({lanes, max(1, lanes // 2), max(1, lanes // 4)}):
+                for par in (True, False):
+                    out.append(
+                        dataclasses.replace(
+                            base,
+                            parallel_axes=p,
+                            inner_tile=inner,
+                            vector_width=vec,
+                            parallel=par,
+                            compute_at=tuple(sorted(stored)) if p > 0 else (),
+                        )
+                    )
+    return list(dict.fromkeys(out))
+
+
+def _memory_kernels(name: str):
+    from korch import models
+    from korch.fission import fission
+    from korch.identify import candidates
+    from korch.ir.subgraph import canonical_hash, extract, kernel_class
+    from korch.partition import partition
+
+    g = fission(models.build(name))
+    seen = {}
+    for part in partition(g, 400):
+        for k in candidates(g, part, 24):
+            if kernel_class(g, k) == "memory":
+                seen.setdefault(canonical_hash(g, k), (g, k))
+    return [(h, extract(g, k), g, k) for h, (g, k) in sorted(seen.items())]
+
+
+def cmd_grid(args) -> dict:
+    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm_tiling import default_tile_config, model_tile_config
+    from korch.pipeline import _kernel_consts
+    from korch.profile.timing import check_outputs, random_inputs, time_kernel
+
+    be = TvmBackend()
+    vb = vector_bytes()
+    rows = []
+    rng = random.Random(0)
+    for name in args.models.split(","):
+        ks = _memory_kernels(name)
+        # the larger kernels matter (they dominate the model's time): sample among the
+        # upper half by size, plus a few small ones
+        ks.sort(key=lambda x: sum(n.size for n in x[1].nodes))
+        pick = rng.sample(ks[len(ks) // 2 :], min(args.per_model - 2, len(ks) // 2)) + rng.sample(
+            ks[: len(ks) // 2], min(2, len(ks) // 2)
+        )
+        for h, kg, g, k in pick:
+            if not be.supports(kg):
+                continue
+            consts = _kernel_consts(g, k)
+            mcfg, sol = model_tile_config(kg, args.threads, vb)
+            rcfg = default_tile_config(kg, args.threads, vb)
+            cfgs = grid_configs(kg, args.threads, vb, extra=(mcfg, rcfg))
+            built = be.build_many([(kg, consts)] * len(cfgs), args.threads, tile_configs=cfgs)
+            inputs = random_inputs(kg, consts)
+            ok = [
+                i
+                for i, b in enumerate(built)
+                if not isinstance(b, Exception) and not check_outputs(kg, inputs, b(inputs))
+            ]
+            if 0 not in ok or 1 not in ok:
+                rows.append({"model": name, "kernel": h[:10], "error": "chosen config failed"})
+                continue
+            samples: dict[int, list[float]] = {i: [] for i in ok}
+            for _ in range(args.rounds):
+                for i in ok:
+                    samples[i].extend(time_kernel(built[i], inputs, 1, 3, 0.3))
+            med = {i: statistics.median(v) for i, v in samples.items()}
+            best = min(med.values())
+            rows.append(
+                {
+                    "model": name,
+                    "kernel": h[:10],
+                    "primitives": len(kg.compute_ids()),
+                    "grid": len(ok),
+                    "best_us": round(best, 2),
+                    "model_us": round(med[0], 2),
+                    "rule_us": round(med[1], 2),
+                    "predicted_us": round(sol.time_us, 2) if sol else None,
+                    "model_vs_best": round(best / med[0], 3),
+                    "rule_vs_best": round(best / med[1], 3),
+                }
+            )
+            r = rows[-1]
+            print(
+                f"{name:16s} {h[:10]} prims {r['primitives']:2d} grid {r['grid']:3d} best {best:9.2f} us"
+                f"  model {med[0]:9.2f} ({r['model_vs_best']:.2f})  rule {med[1]:9.2f} ({r['rule_vs_best']:.2f})"
+                f"  load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    good = [r for r in rows if "error" not in r]
+    summary = {
+        "kernels": len(good),
+        "model_ge_90pct_of_best": sum(r["model_vs_best"] >= 0.9 for r in good),
+        "rule_ge_90pct_of_best": sum(r["rule_vs_best"] >= 0.9 for r in good),
+        "model_median_vs_best": statistics.median(r["model_vs_best"] for r in good) if good else None,
+        "rule_median_vs_best": statistics.median(r["rule_vs_best"] for r in good) if good else None,
+        "model_faster_than_rule": sum(r["model_us"] < r["rule_us"] for r in good),
+        "geomean_model_over_rule": math.exp(statistics.mean(math.log(r["model_us"] / r["rule_us"]) for r in good))
+        if good
+        else None,
+        "errors": len(rows) - len(good),
+        "loadavg": os.getloadavg(),
+    }
+    return summary
+
+
+# --- guided ----------------------------------------------------------------------------------
+def _time_exes(dirs: list[Path], rounds: int) -> list[float]:
+    import korch
+
+    exes = [korch.load(d) for d in dirs]
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in exes[0].executable.inputs.items()}
+    samples: list[list[float]] = [[] for _ in exes]
+    for e in exes:
+        e(feeds)
+    for _ in range(rounds):
+        for i, e in enumerate(exes):
+            t0 = time.perf_counter()
+            e(feeds)
+            samples[i].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(s) for s in samples]
+
+
+def cmd_guided(args) -> dict:
+    from korch.config import Settings
+    from korch.ir.subgraph import extract
+    from korch.kernels.tvm_backend import vector_bytes
+    from korch.models import build
+    from korch.orchestrate.guided import _tile_and_predict
+    from korch.pipeline import run_pipeline, save_outputs
+
+    out: dict = {}
+    tmp = Path(tempfile.mkdtemp(prefix="korch-guided-"))
+    all_pred, all_meas = [], []
+    for mi, name in enumerate(args.models.split(",")):
+        res = {}
+        modes = ["guided", "exhaustive"] if mi % 2 == 0 else ["exhaustive", "guided"]
+        for mode in modes:
+            s = Settings(
+                db_path=str(tmp / f"{name}-{mode}.db"),
+                progress=False,
+                num_threads=args.threads,
+                guided_profiling=mode == "guided",
+                tile_configs=args.tile_configs,
+            )
+            load0 = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            ctx = run_pipeline(build(name), s, measure=False)
+            secs = time.perf_counter() - t0
+            save_outputs(ctx, tmp / f"{name}-{mode}")
+            r = ctx.report
+            res[mode] = {
+                "candidates": r["candidates"],
+                "measured": r["candidates_measured"],
+                "predicted_only": r.get("candidates_predicted"),
+                "rounds": r.get("profiling_rounds"),
+                "prediction_s": r.get("prediction_seconds"),
+                "optimize_s": round(secs, 1),
+                "profile_s": r["stage_seconds"].get("profile"),
+                "sum_of_kernel_costs_us": r["predicted_latency_us"],
+                "loadavg": round(load0, 2),
+            }
+            if mode == "exhaustive":
+                vb = vector_bytes()
+                pairs = []
+                for c in ctx.candidates:
+                    if "tvm" in c.backends and math.isfinite(c.cost_us):
+                        _, p = _tile_and_predict(extract(ctx.graph, c.kernel), s, vb)
+                        if p is not None:
+                            pairs.append((p, c.cost_us))
+                res["spearman"] = round(_spearman([p for p, _ in pairs], [m for _, m in pairs]), 3) if pairs else None
+                res["spearman_n"] = len(pairs)
+                all_pred += [p for p, _ in pairs]
+                all_meas += [m for _, m in pairs]
+            print(name, mode, res[mode], flush=True)
+        lat = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
+        res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
+        res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
+        res["measured_share"] = round(res["guided"]["measured"] / max(1, res["guided"]["candidates"]), 3)
+        print(name, {k: v for k, v in res.items() if k not in modes}, "load", os.getloadavg(), flush=True)
+        out[name] = res
+    out["spearman_all"] = round(_spearman(all_pred, all_meas), 3) if all_pred else None
+    out["spearman_all_n"] = len(all_pred)
+    out["loadavg"] = os.getloadavg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("what", choices=["grid", "guided"])
+    p.add_argument("--models", default=None)
+    p.add_argument("--per-model", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tile-configs", default="model", choices=["model", "rule"])
+    args = p.parse_args(argv)
+    print("loadavg", os.getloadavg(), flush=True)
+    if args.what == "grid":
+        args.models = args.models or "mlp,attention,candy_block,segformer_block"
+        summary = cmd_grid(args)
+    else:
+        args.models = args.models or "mlp,attention,candy_block,opaque"
+        args.rounds = max(args.rounds, 31)
+        summary = cmd_guided(args)
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The profile step: tile configs for generated kernels, and model-guided profiling.
+
+Note [Model-guided profiling]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Measuring every candidate kernel is what made Korch take hours. The tiling model
+(``korch.tiling``) predicts a generated (memory-bound) kernel's latency in
+milliseconds, so the orchestrator decides what is worth measuring:
+
+1. every candidate's tile config is chosen (``Settings.tile_configs``: the tiling
+   model's, Note [Tiling to TileConfig], or the rule's ``default_tile_config``) and
+   the model predicts its latency from the same solution; linear and opaque kernels
+   (few) and any kernel the model cannot describe are measured outright;
+2. costs: the measurement where there is one (this run's or the database's), else the
+   prediction times an *optimistic scale*: ``exp(mean - z * sd)`` of
+   log(measured / predicted) over the generated kernels measured so far (the model
+   ranks kernels; its level drifts with machine load and calibration; ``z`` is
+   ``Settings.guided_optimism``, sd is shrunk towards a prior of 0.5 while few
+   kernels are measured);
+3. solve the BLP of every partition on these costs; measure each chosen kernel not
+   yet measured (plus, if ``guided_rivals`` > 0, up to that many *near rivals* per
+   chosen kernel: unmeasured candidates of the same partition sharing a primitive
+   with it whose cost per primitive is within ``guided_rival_factor`` of its own);
+4. repeat until a round chooses only measured kernels. Because unmeasured kernels
+   were costed optimistically, that choice is optimal unless some unmeasured kernel
+   is faster than its optimistic estimate (a lower bound, as in branch and bound).
+
+The final orchestration (``step_orchestrate``) sees measured costs only (unmeasured
+candidates are unavailable). It is optimal over the measured candidates: the last
+round's choice is all measured and optimal for costs that are, for every other
+candidate, at least its optimistic estimate. It misses a candidate only when the
+model overestimates it by more than ``z`` deviations: ``z`` trades measurements
+against that risk (on mlp with a +-40% oracle: z=0.5 measures 10% of the workloads,
+z=1 17%, both find the exhaustive optimum), and ``--exhaustive-profiling`` measures
+everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any
+
+from korch.ir.graph import Graph
+
+
+@dataclasses.dataclass
+class GuidedStats:
+    rounds: int = 0
+    predicted: int = 0  # workloads with a model prediction
+    prediction_seconds: float = 0.0
+
+
+def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, float | None]:
+    """(tile config, predicted latency in us or None) of a generated kernel."""
+    from korch.kernels.tvm_tiling import default_tile_config, model_tile_config
+
+    try:
+        cfg, sol = model_tile_config(kgraph, settings.num_threads, vector_bytes, "cpu")
+    except Exception:  # noqa: BLE001 - a kernel the model cannot handle: rule config, measured
+        return default_tile_config(kgraph, settings.num_threads, vector_bytes), None
+    pred = sol.time_us if sol is not None and math.isfinite(sol.time_us) else None
+    if getattr(settings, "tile_configs", "model") != "model" or sol is None:
+        cfg = default_tile_config(kgraph, settings.num_threads, vector_bytes)
+    return cfg, pred
+
+
+def _cost(results, w, backends) -> float | None:
+    """Best measured cost of a workload; None while some backend is unmeasured."""
+    best = math.inf
+    for b in backends:
+        m = results.get((w, b))
+        if m is None:
+            return None
+        if m.ok and m.median_us is not None:
+            best = min(best, m.median_us)
+    return best
+
+
+def step_profile(ctx) -> None:
+    """Pipeline step ``profile`` (Note [Model-guided profiling])."""
+    from korch.ir.subgraph import extract
+    from korch.kernels.tvm_tiling import config_key
+    from korch.pipeline import _kernel_consts
+    from korch.profile import ProfileStats, Workload, profile, versions_of
+    from korch.profile.db import ResultsDB
+    from korch.profile.worker import WorkerPool
+
+    g, s = ctx.graph, ctx.settings
+    assert g is not None
+    workloads: dict[str, Workload] = {}
+    for c in ctx.candidates:
+        if c.hash not in workloads:
+            workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), _kernel_consts(g, c.kernel), c.backends)
+
+    gs = GuidedStats()
+    pred: dict[str, float] = {}
+    t0 = time.perf_counter()
+    generated = [w for w in workloads.values() if "tvm" in w.backends]
+    if generated:
+        from korch.kernels.tvm_backend import vector_bytes
+
+        vb = vector_bytes()
+        for w in generated:
+            cfg, p = _tile_and_predict(w.kgraph, s, vb)
+            w.tile_config, w.config = cfg, config_key(cfg)
+            if p is not None and w.backends == ("tvm",):
+                pred[w.hash] = p
+    gs.prediction_seconds = time.perf_counter() - t0
+    gs.predicted = len(pred)
+
+    db = ResultsDB(s.db_path)
+    pool = WorkerPool(s.num_threads, (s.warmup, s.repeat, s.min_repeat_ms), s.kernel_timeout_s)
+    stats = ProfileStats()
+    results: dict = {}
+
+    def measure(ws) -> None:
+        if not ws:
+            return
+        r, st = profile(ws, db, s.target, s, progress=s.progress, pool=pool)
+        results.update(r)
+        for f in ("requested", "cached", "measured", "failed"):
+            setattr(stats, f, getattr(stats, f) + getattr(st, f))
+        stats.seconds += st.seconds
+
+    try:
+        if not getattr(s, "guided_profiling", False) or not pred:
+            measure(list(workloads.values()))
+            gs.rounds = 1
+        else:
+            # what the database already holds counts as measured (no job is run for it)
+            for w in workloads.values():
+                for b in w.backends:
+                    m = db.lookup(w.hash, s.target, b, w.config, versions_of(b))
+                    if m is not None:
+                        results[(w.hash, b)] = m
+            measure([w for h, w in workloads.items() if h not in pred])
+            _guided_rounds(ctx, workloads, pred, results, measure, gs)
+            # requested: the pairs the guided rounds needed (from the database or measured)
+            stats.requested = len(results)
+            stats.cached = len(results) - stats.measured
+    finally:
+        pool.close()
+        db.close()
+
+    measured_hashes = set()
+    for c in ctx.candidates:
+        w = workloads[c.hash]
+        c.tile_config = w.tile_config
+        for b in c.backends:
+            m = results.get((c.hash, b))
+            if m is not None:
+                measured_hashes.add(c.hash)
+                if m.ok and m.median_us is not None and m.median_us < c.cost_us:
+                    c.cost_us, c.backend = m.median_us, b
+    ctx.report.update(
+        workloads=len(workloads),
+        measurements_requested=stats.requested,
+        measurements_cached=stats.cached,
+        candidates_measured=stats.measured,
+        measurements_failed=stats.failed,
+        candidates_predicted=sum(1 for c in ctx.candidates if c.hash not in measured_hashes),
+        profiling_rounds=gs.rounds,
+        prediction_seconds=round(gs.prediction_seconds, 3),
+        tile_configs=getattr(s, "tile_configs", "model"),
+    )
+
+
+def _optimistic_scale(ratios: list[float], z: float, prior_sd: float = 0.5, prior_n: int = 5) -> float:
+    """exp(mean - z * sd) of log(measured / predicted): unmeasured kernels are assumed as
+    fast as the model's error plausibly allows (sd shrunk towards ``prior_sd`` while
+    few kernels are measured), so a round that picks only measured kernels means no
+    unmeasured one is likely to beat them."""
+    logs = [math.log(r) for r in ratios if r > 0 and math.isfinite(r)]
+    if not logs:
+        return math.exp(-z * prior_sd)
+    mean = statistics.fmean(logs)
+    var = statistics.pvariance(logs) if len(logs) > 1 else 0.0
+    sd = math.sqrt((len(logs) * var + prior_n * prior_sd**2) / (len(logs) + prior_n))
+    return math.exp(mean - z * sd)
+
+
+def _estimate(h: str, known: dict, pred: dict, scale: float) -> float:
+    k = known[h]
+    if k is not None:
+        return k
+    return pred[h] * scale if h in pred else math.inf
+
+
+def _guided_rounds(ctx, workloads, pred, results, measure, gs: GuidedStats, max_rounds: int = 50) -> None:
+    from korch.orchestrate import solve
+
+    g, s = ctx.graph, ctx.settings
+    factor = getattr(s, "guided_rival_factor", 1.5)
+    per_kernel = getattr(s, "guided_rivals", 3)
+    by_part: dict[int, list] = {}
+    for c in ctx.candidates:
+        by_part.setdefault(c.partition, []).append(c)
+    for _ in range(max_rounds):
+        gs.rounds += 1
+        ratios = []
+        for h, p in pred.items():
+            m = _cost(results, h, workloads[h].backends)
+            if m is not None and math.isfinite(m) and p > 0:
+                ratios.append(m / p)
+        scale = _optimistic_scale(ratios, getattr(s, "guided_optimism", 1.0))
+        known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
+
+        want: set[str] = set()
+        for pi, part in enumerate(ctx.partitions):
+            cands = by_part.get(pi, [])
+            if not cands:
+                continue
+            costs = [_estimate(c.hash, known, pred, scale) for c in cands]
+            orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
+            for i in orch.chosen:
+                k = cands[i]
+                if known[k.hash] is None:
+                    want.add(k.hash)
+                nodes = set(k.kernel.nodes)
+                per_prim = costs[i] / max(1, len(nodes))
+                rivals = []
+                for j, c in enumerate(cands):
+                    if j == i or known[c.hash] is not None or c.hash in want or not nodes & set(c.kernel.nodes):
+                        continue
+                    r = costs[j] / max(1, len(c.kernel.nodes))
+                    if r <= factor * per_prim:
+                        rivals.append((r, c.hash))
+                want.update(h for _, h in sorted(rivals)[:per_kernel])
+        if not want:
+            return
+        measure([workloads[h] for h in sorted(want)])
+    # out of rounds: whatever is still unmeasured stays unavailable to the final solve
