@@ -1,0 +1,119 @@
+"""`korch bench` and `korch explain` on a tiny built-in model (fast: no profiling, no torch).
+
+The executable is built by the real pipeline with the profiling step replaced by a
+deterministic cost (fewer, larger kernels are cheaper), so the test needs no
+measurements: only the few chosen kernels are compiled.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import korch.pipeline as P
+from korch.config import Settings
+from korch.models import save
+
+
+def _fake_profile(ctx) -> None:
+    for c in ctx.candidates:
+        c.backend = c.backends[0]
+        c.cost_us = 10.0 + len(c.kernel.nodes)
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    model = save("mlp", root / "mlp.onnx")
+    steps = [(name, _fake_profile if name == "profile" else fn) for name, fn in P.STEPS]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(P, "STEPS", steps)
+    try:
+        from korch.api import optimize
+
+        settings = Settings(db_path=str(root / "r.db"), progress=False, num_threads=2, max_kernel_size=8)
+        optimize(model, output_dir=root / "out" / "mlp", settings=settings, measure=False)
+    finally:
+        mp.undo()
+    return root, model
+
+
+def test_bench_ort_only_prints_table_and_writes_json(optimized, capsys):
+    from korch.cli import main
+
+    root, model = optimized
+    rc = main(
+        ["bench", str(model), "-o", str(root / "out"), "--peers", "ort", "--rounds", "5", "--no-plot", "--threads", "2"]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| model" in out and "korch ms" in out and "| mlp" in out
+    rows = json.loads((root / "out" / "bench.json").read_text())["rows"]
+    (row,) = rows
+    assert row["model"] == "mlp" and row["korch_from"] == "loaded"
+    assert set(row["ms"]) == {"korch", "ort"}
+    assert row["max_rel_err_korch"] <= 1e-4
+    assert row["best_peer"] == "ort" and row["speedup_vs_best"] > 0
+    assert row["load_before"] and row["load_after"]
+
+
+def test_bench_rejects_unknown_peer(optimized, capsys):
+    from korch.cli import main
+
+    _, model = optimized
+    assert main(["bench", str(model), "--peers", "ort,nope"]) == 2
+    assert "unknown peer" in capsys.readouterr().err
+
+
+def test_explain_breakdown_and_svg(optimized, capsys, tmp_path):
+    from korch.api import load
+    from korch.cli import main
+
+    root, _ = optimized
+    outdir = root / "out" / "mlp"
+    pic = tmp_path / "pic"
+    js = tmp_path / "explain.json"
+    rc = main(["explain", str(outdir), "--runs", "5", "--renderer", "python", "--picture", str(pic), "--json", str(js)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "dispatch overhead" in out and "top" in out
+    info = json.loads(js.read_text())
+    kernel_sum = sum(k["us"] for k in info["kernels"])
+    assert kernel_sum <= info["end_to_end_us"] + 1e-9
+    assert info["dispatch_us"] >= 0
+    steps = load(outdir).executable.steps
+    assert len(info["kernels"]) == len(steps)
+    svg = (tmp_path / "pic.svg").read_text()
+    assert svg.startswith("<svg")
+    for st in steps:
+        assert re.search(rf'id="{re.escape(st.name)}"', svg), st.name
+    dot = (tmp_path / "pic.dot").read_text()
+    assert all(st.name in dot for st in steps)
+
+
+def test_explain_marks_redundant_primitives():
+    from korch.bench.explain import to_dot, to_svg
+
+    class St:
+        def __init__(self, name, nodes, inputs, outputs):
+            self.name, self.backend, self.nodes, self.inputs, self.outputs = name, "tvm", nodes, inputs, outputs
+
+    g = {
+        "nodes": [
+            {"op": "input", "class": "source", "inputs": [], "shape": [4], "dtype": "float32"},
+            {"op": "exp", "class": "elementwise", "inputs": [0], "shape": [4], "dtype": "float32"},
+            {"op": "neg", "class": "elementwise", "inputs": [1], "shape": [4], "dtype": "float32"},
+            {"op": "abs", "class": "elementwise", "inputs": [1], "shape": [4], "dtype": "float32"},
+        ],
+        "inputs": {"x": 0},
+        "outputs": {"a": 2, "b": 3},
+    }
+    steps = [St("k0", (1, 2), (0,), (2,)), St("k1", (1, 3), (0,), (3,))]
+    kernels = [{"name": s.name, "us": 1.0, "ops": "exp+x", "class": "memory"} for s in steps]
+    info = {"graph": g, "steps": steps, "kernels": kernels, "outdir": "t", "end_to_end_us": 3.0}
+    dot = to_dot(info)
+    assert dot.count("peripheries=2") == 2  # exp is computed by both kernels
+    svg = to_svg(info)
+    assert svg.count('stroke="#d7191c"') == 2
