@@ -14,8 +14,11 @@ SUMMARY_FIELDS = [
     ("primitives", "primitives"),
     ("partitions", "partitions"),
     ("execution_states", "execution states"),
+    ("rewrites_applied", "rewrites applied"),
     ("candidates", "candidates"),
     ("candidates_measured", "candidates measured"),
+    ("candidates_predicted", "candidates only predicted"),
+    ("profiling_rounds", "profiling rounds"),
     ("measurements_cached", "measurements from db"),
     ("blp_seconds", "BLP seconds"),
     ("kernels_chosen", "kernels chosen"),
@@ -34,6 +37,8 @@ def format_summary(report: dict) -> str:
         if key not in report:
             continue
         v = report[key]
+        if isinstance(v, dict):
+            v = sum(v.values())
         if isinstance(v, float):
             v = f"{v:.3g}" if key == "max_rel_error" else f"{v:.3f}"
         rows.append((label, str(v)))
@@ -54,13 +59,22 @@ def _parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]] | None:
 def _settings(args):
     from korch.config import Settings
 
-    kw = {"target": args.target, "progress": not args.quiet}
+    kw = {"target": args.target, "progress": not args.quiet, "rewrite": args.rewrite}
     if args.db:
         kw["db_path"] = args.db
     if args.threads:
         kw["num_threads"] = args.threads
     if getattr(args, "max_states", None):
         kw["max_states"] = args.max_states
+    if getattr(args, "kernel_timeout", None):
+        kw["kernel_timeout_s"] = args.kernel_timeout
+    if getattr(args, "tracker", None):  # docs/distributed.md
+        from korch.profile.rpc import check_options
+
+        check_options(args.tracker, args.key or "")
+        kw["tracker"], kw["rpc_key"] = args.tracker, args.key or ""
+    if getattr(args, "exhaustive_profiling", False):
+        kw["guided_profiling"] = False
     return Settings(**kw)
 
 
@@ -122,11 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--threads", type=int, help="threads per kernel and for onnxruntime")
         sp.add_argument("--max-states", type=int, help="execution-state cap per partition")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+        sp.add_argument(
+            "--exhaustive-profiling",
+            action="store_true",
+            help="measure every candidate kernel (default: model-guided, only what could be chosen)",
+        )
+        sp.add_argument("--no-rewrite", dest="rewrite", action="store_false", help="skip the primitive-graph rewrites")
 
     o = sub.add_parser("optimize", help="optimize an ONNX model into an executable folder")
     o.add_argument("model")
     o.add_argument("-o", "--output", required=True)
     o.add_argument("--shape", action="append", metavar="NAME=d0,d1,...", help="bind a symbolic input shape")
+    o.add_argument("--tracker", metavar="HOST:PORT", help="time TVM kernels on this TVM RPC tracker's servers")
+    o.add_argument("--key", help="the RPC servers' device key (with --tracker)")
+    o.add_argument("--kernel-timeout", type=float, metavar="S", help="time limit per kernel build+measurement")
     common(o)
     o.set_defaults(fn=cmd_optimize)
 
@@ -142,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", required=True)
     r.add_argument("--save")
     r.set_defaults(fn=cmd_run)
+
+    from korch.bench.cli import add_parsers  # korch bench, korch explain
+
+    add_parsers(sub, common)
     return p
 
 

@@ -13,8 +13,18 @@ def _default_db() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    target: str = "cpu"
+    target: str = "cpu"  # "cpu" (tvm, onnxruntime, numpy, torch) or "cuda" (triton, torch_cuda, onnxruntime)
+    # cuda target: replay the executable as one captured CUDA graph (korch.executable.device)
+    cuda_graph: bool = False
     db_path: str = dataclasses.field(default_factory=_default_db)
+    # rewrites (korch.rewrite, Note [Rewrite search]): on by default; the search's time
+    # counts in every optimize, so its limit stays a few seconds per model
+    rewrite: bool = True
+    rewrite_budget: int = 100
+    # stop after this many search steps without a better graph (deterministic, unlike
+    # the time limit, which is a safety net: Note [Rewrite search])
+    rewrite_patience: int = 10
+    rewrite_time_limit_s: float = 5.0
     # partitioning: the most execution states one partition may have
     max_states: int = 400
     # kernel identification: the most primitives in one candidate kernel
@@ -24,6 +34,21 @@ class Settings:
     repeat: int = 15
     min_repeat_ms: float = 2.0
     kernel_timeout_s: float = 60.0
+    # resident-memory limit of a measurement worker (Note [Measurement isolation])
+    kernel_memory_mb: float = 4096.0
+    # distributed measurement (docs/distributed.md): TVM kernels timed on RPC servers
+    # obtained from this tracker ("host:port") under this key; "" measures locally
+    tracker: str = ""
+    rpc_key: str = ""
+    # model-guided profiling (Note [Model-guided profiling]): measure what the BLP on
+    # predicted costs picks and its near rivals, not every candidate
+    guided_profiling: bool = True
+    guided_rival_factor: float = 1.5
+    guided_rivals: int = 0
+    guided_optimism: float = 1.0
+    # tile configs of generated kernels: "model" (the tiling model's) or "rule"; "rule" by
+    # measurement (benchmarks/RESULTS.md, Auto tiling): the model parallelises small kernels
+    tile_configs: str = "rule"
     # orchestration
     blp_time_limit_s: float = 60.0
     # threads used by every backend (and the onnxruntime baseline)

@@ -1,6 +1,6 @@
 """The pipeline driver: one flat, ordered list of named steps.
 
-    load -> fission -> partition -> identify -> profile -> orchestrate -> build -> measure
+    load -> fission -> rewrite -> partition -> identify -> profile -> orchestrate -> build -> measure
 
 Each step reads and extends one ``Context``; step names appear in logs and in the
 report's per-stage times.
@@ -35,6 +35,7 @@ class Candidate:
     backends: tuple[str, ...]
     cost_us: float = math.inf
     backend: str = ""
+    tile_config: Any = None  # tvm: the TileConfig it was measured with (and is built with)
 
 
 @dataclasses.dataclass
@@ -71,6 +72,31 @@ def step_fission(ctx: Context) -> None:
     verify(ctx.graph)
 
 
+def step_rewrite(ctx: Context) -> None:
+    """TASO-style search over the primitive graph (Note [Rewrite search]).
+
+    Report costs are the search's predicted cost (korch.rewrite.cost) in microseconds.
+    """
+    from korch.rewrite import optimize_graph
+
+    assert ctx.graph is not None
+    s = ctx.settings
+    if not s.rewrite:
+        ctx.report.update(rewrites_applied={})
+        return
+    ctx.graph, stats = optimize_graph(
+        ctx.graph, budget=s.rewrite_budget, time_limit_s=s.rewrite_time_limit_s, patience=s.rewrite_patience
+    )
+    verify(ctx.graph)
+    ctx.report.update(
+        rewrites_applied=stats.applied,
+        rewrite_cost_before=round(stats.cost_before * 1e6, 1),
+        rewrite_cost_after=round(stats.cost_after * 1e6, 1),
+        rewrite_seconds=round(stats.seconds, 3),
+        rewrite_stopped=stats.stopped,  # "time": the result depends on the machine's load
+    )
+
+
 def step_partition(ctx: Context) -> None:
     from korch.identify import execution_states
     from korch.partition import partition
@@ -80,17 +106,24 @@ def step_partition(ctx: Context) -> None:
     ctx.n_states = sum(len(execution_states(ctx.graph, p)) for p in ctx.partitions)
 
 
-def _backends_for(kind: str, kgraph: Graph) -> tuple[str, ...]:
+def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, ...]:
     from korch.kernels.base import all_backends
 
     if kind == "opaque":
         return ("ort",)
-    names = [b.name for b in all_backends() if kind in b.kinds and b.supports(kgraph)]
+    backends = [b for b in all_backends() if kind in b.kinds and target in getattr(b, "targets", ("cpu",))]
+    names = [b.name for b in backends if b.supports(kgraph)]
+    if target != "cpu":
+        # device targets: kernels that keep tensors on the device win; host backends
+        # (onnxruntime) only where no device backend takes the kernel
+        on_device = [b.name for b in backends if b.name in names and "cpu" not in b.targets]
+        names = on_device or names
     if kind == "memory":
         # Generated kernels are the point; onnxruntime only guarantees that every single
         # primitive has some backend.
-        if "tvm" in names:
-            return ("tvm",)
+        for gen in ("tvm", "triton"):
+            if gen in names:
+                return (gen,)
         return ("ort",) if len(kgraph.compute_ids()) == 1 and "ort" in names else ()
     return tuple(names)
 
@@ -106,7 +139,7 @@ def step_identify(ctx: Context) -> None:
             k = make_kernel(g, users, k.nodes)
             kg = extract(g, k)
             kind = kernel_class(g, k)
-            backends = _backends_for(kind, kg)
+            backends = _backends_for(kind, kg, ctx.settings.target)
             if not backends:
                 continue
             ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends))
@@ -121,34 +154,10 @@ def _kernel_consts(g: Graph, k: Kernel) -> dict[str, np.ndarray]:
 
 
 def step_profile(ctx: Context) -> None:
-    from korch.profile import Workload, profile
-    from korch.profile.db import ResultsDB
+    """Tile configs, predictions and measurements (Note [Model-guided profiling])."""
+    from korch.orchestrate.guided import step_profile as profile_step
 
-    g = ctx.graph
-    assert g is not None
-    workloads: dict[str, Workload] = {}
-    for c in ctx.candidates:
-        if c.hash not in workloads:
-            workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), _kernel_consts(g, c.kernel), c.backends)
-    db = ResultsDB(ctx.settings.db_path)
-    try:
-        results, stats = profile(
-            list(workloads.values()), db, ctx.settings.target, ctx.settings, progress=ctx.settings.progress
-        )
-    finally:
-        db.close()
-    for c in ctx.candidates:
-        for b in c.backends:
-            m = results.get((c.hash, b))
-            if m is not None and m.ok and m.median_us is not None and m.median_us < c.cost_us:
-                c.cost_us, c.backend = m.median_us, b
-    ctx.report.update(
-        workloads=len(workloads),
-        measurements_requested=stats.requested,
-        measurements_cached=stats.cached,
-        candidates_measured=stats.measured,
-        measurements_failed=stats.failed,
-    )
+    profile_step(ctx)
 
 
 def step_orchestrate(ctx: Context) -> None:
@@ -179,7 +188,9 @@ def step_build(ctx: Context) -> None:
         by_backend.setdefault(c.backend, []).append(i)
     for name, idxs in by_backend.items():
         items = [(extract(g, ctx.chosen[i].kernel), _kernel_consts(g, ctx.chosen[i].kernel)) for i in idxs]
-        built = get_backend(name).build_many(items, ctx.settings.num_threads)
+        tiles = [ctx.chosen[i].tile_config for i in idxs]
+        kw = {"tile_configs": tiles} if any(t is not None for t in tiles) else {}
+        built = get_backend(name).build_many(items, ctx.settings.num_threads, **kw)
         for i, k in zip(idxs, built):
             if isinstance(k, Exception):
                 raise RuntimeError(f"building chosen kernel {steps[i].name} with {name} failed: {k}")
@@ -197,6 +208,7 @@ def step_build(ctx: Context) -> None:
     sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
     free_after, stats = plan_buffers(steps, {s.node for s in outputs.values()}, sizes)
     ctx.executable = Executable(inputs, outputs, consts, steps, free_after, stats)
+    ctx.executable.cuda_graph = ctx.settings.cuda_graph  # device executables only (Note [Device kernels])
 
 
 def step_measure(ctx: Context) -> None:
@@ -209,6 +221,7 @@ def step_measure(ctx: Context) -> None:
 STEPS: list[tuple[str, Callable[[Context], None]]] = [
     ("load", step_load),
     ("fission", step_fission),
+    ("rewrite", step_rewrite),
     ("partition", step_partition),
     ("identify", step_identify),
     ("profile", step_profile),
@@ -263,6 +276,10 @@ def save_outputs(ctx: Context, out_dir: str | Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
     ctx.executable.save(d)
     (d / "report.json").write_text(json.dumps(ctx.report, indent=1, default=str))
+    if ctx.graph is not None:  # the primitive graph, for `korch explain`
+        from korch.bench.explain import save_graph_summary
+
+        save_graph_summary(ctx.graph, d)
 
 
 __all__ = ["STEPS", "Candidate", "Context", "GroupOp", "run_pipeline", "save_outputs"]

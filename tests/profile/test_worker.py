@@ -18,7 +18,12 @@ def _kgraph(op: Op):
 
 @pytest.fixture
 def chaos(monkeypatch):
+    """The chaos backend in the workers (they read KORCH_CHAOS) and in this process."""
+    from korch.kernels import base
+    from korch.kernels.chaos_backend import ChaosBackend
+
     monkeypatch.setenv("KORCH_CHAOS", "1")
+    monkeypatch.setitem(base._REGISTRY, "chaos", ChaosBackend())
 
 
 def test_faults_are_isolated_and_recorded(chaos):
@@ -56,3 +61,63 @@ def test_db_roundtrip_and_resume(tmp_path):
     assert db2.lookup("h1", "cpu", "tvm", "default", "v2") is None
     assert db2.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert np.isclose(db2.count("ok"), 1)
+
+
+def test_runaway_memory_is_killed_and_recorded_as_oom(chaos, tmp_path):
+    """The parent watches the worker's resident memory; over the limit it is killed."""
+    from korch.profile import Workload, profile
+    from korch.profile.worker import MEMORY_POLL_S
+
+    assert MEMORY_POLL_S <= 0.1
+    ops = [Op.TANH, Op.RECIPROCAL, Op.CEIL]
+    jobs = [Job((op.value, "chaos"), "chaos", _kgraph(op), {}) for op in ops]
+    results = {}
+    pool = WorkerPool(num_threads=1, timing=(1, 3, 0.1), timeout_s=60.0, memory_mb=1500)
+    try:
+        pool.run(jobs, lambda r: results.__setitem__(r.key[0], r))
+    finally:
+        pool.close()
+    assert {k: r.status for k, r in results.items()} == {"tanh": "ok", "reciprocal": "oom", "ceil": "ok"}
+    assert "memory limit (1500 MiB" in results["reciprocal"].error
+    assert 1500 < pool.peak_rss_mb < 4000
+
+    # through profile(): the status lands in the database and the run goes on
+    from korch.config import Settings
+
+    db = ResultsDB(tmp_path / "r.db")
+    s = Settings(db_path=str(tmp_path / "r.db"), warmup=1, repeat=3, min_repeat_ms=0.1, kernel_memory_mb=1500)
+    ws = [Workload(op.value, "memory", _kgraph(op), {}, ("chaos",)) for op in (Op.RECIPROCAL, Op.TANH)]
+    res, stats = profile(ws, db, "cpu", s, progress=False)
+    assert stats.measured == 2 and stats.failed == 1
+    assert db.count("oom") == 1 and db.count("ok") == 1
+    assert db.failures()[0][2] == "oom"
+
+
+def test_db_migrates_schema_1(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema_version', '1');
+        CREATE TABLE workloads (hash TEXT PRIMARY KEY, kind TEXT NOT NULL, n_primitives INTEGER NOT NULL,
+            text TEXT NOT NULL);
+        CREATE TABLE measurements (id INTEGER PRIMARY KEY AUTOINCREMENT, workload TEXT NOT NULL, target TEXT NOT NULL,
+            backend TEXT NOT NULL, config TEXT NOT NULL, versions TEXT NOT NULL, status TEXT NOT NULL,
+            median_us REAL, times_us TEXT, error TEXT, created REAL NOT NULL,
+            UNIQUE (workload, target, backend, config, versions));
+        INSERT INTO measurements (workload, target, backend, config, versions, status, median_us, times_us, error,
+            created) VALUES ('h', 'cpu', 'tvm', 'default', 'v', 'ok', 3.0, '[3.0]', '', 1.0);
+        """
+    )
+    conn.commit()
+    conn.close()
+    db = ResultsDB(path)
+    assert db.lookup("h", "cpu", "tvm", "default", "v") == Measurement(
+        "h", "cpu", "tvm", "default", "v", "ok", 3.0, (3.0,)
+    )
+    db.record(Measurement("h2", "cpu", "tvm", "default", "v", "ok", 1.0, (1.0,), host="rpc:10.0.0.2:9090"))
+    assert db.lookup("h2", "cpu", "tvm", "default", "v").host == "rpc:10.0.0.2:9090"
+    assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"

@@ -48,7 +48,16 @@ def fission(model: onnx.ModelProto) -> Graph:
                 raise ModelError(
                     f"{node_label(node)}: input {name!r} is undefined (nodes must be topologically sorted)"
                 )
-        result = _apply_rule(b, node, env, opset, out_types, needed)
+        try:
+            result = _apply_rule(b, node, env, opset, out_types, needed)
+        except _RuleMismatch:
+            # ONNX shape inference can pass a node whose operands do not fit together
+            # (found by fuzzing: InstanceNormalization with x and scale swapped); if
+            # onnxruntime cannot run it either, the model is wrong, not the rule.
+            problem = _ort_cannot_run(model, node, {n: b.node(env[n]) for n in node.input if n})
+            if problem:
+                raise ModelError(f"{node_label(node)}: its inputs do not fit together: {problem}") from None
+            raise
         if result is None:
             result = _opaque(b, node, env, opsets, out_types, needed)
         for k in needed:
@@ -86,6 +95,34 @@ def _attrs(node: onnx.NodeProto) -> dict | None:
     return out
 
 
+class _RuleMismatch(RuntimeError):
+    """A rule built an output whose type differs from ONNX's inference."""
+
+
+def _ort_cannot_run(model: onnx.ModelProto, node: onnx.NodeProto, inputs: dict) -> str | None:
+    """Why onnxruntime fails to run ``node`` alone on zeros of its inputs' types, or None."""
+    import numpy as np
+    import onnxruntime as ort
+
+    try:
+        ins = [
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(v.dtype)), list(v.shape))
+            for n, v in inputs.items()
+        ]
+        outs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
+        m = helper.make_model(helper.make_graph([node], "check", ins, outs), opset_imports=list(model.opset_import))
+        m.ir_version = min(model.ir_version or 10, 10)
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 4  # the failure is reported as a ModelError, not logged
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        run_opts = ort.RunOptions()
+        run_opts.log_severity_level = 4
+        sess.run(None, {n: np.zeros(v.shape, v.dtype) for n, v in inputs.items()}, run_opts)
+    except Exception as e:  # noqa: BLE001 - the reason is the answer
+        return one_line(e)[:300]
+    return None
+
+
 def _apply_rule(b, node, env, opset, out_types, needed) -> list | None:
     fn = RULES.get(node.op_type) if node.domain in DEFAULT_DOMAINS else None
     if fn is None:
@@ -107,6 +144,9 @@ def _apply_rule(b, node, env, opset, out_types, needed) -> list | None:
         return None
     except ModelError as e:
         raise ModelError(f"{node_label(node)}: {e}") from None
+    except ValueError as e:  # a shape rule refused its operands: ONNX inference let an inconsistency through
+        msg = " ".join(str(e).split())[:300]
+        raise ModelError(f"{node_label(node)}: its inputs do not fit together: {msg}") from None
     result = list(result) if isinstance(result, (tuple, list)) else [result]
     result += [None] * (len(node.output) - len(result))
     if any(result[k] is None for k in needed):
@@ -114,7 +154,7 @@ def _apply_rule(b, node, env, opset, out_types, needed) -> list | None:
     for k in needed:
         got = (b.shape(result[k]), b.dtype(result[k]))
         if out_types[k] is not None and got != out_types[k]:
-            raise RuntimeError(
+            raise _RuleMismatch(
                 f"fission rule {node.op_type} ({node_label(node)}) built output {k} as {got[1]}{list(got[0])}, "
                 f"ONNX infers {out_types[k][1]}{list(out_types[k][0])}"
             )

@@ -98,8 +98,9 @@ def BatchNormalization(
     if all(c is not None for c in consts):
         # constant statistics (the usual case): fold a and c now, in float64
         s, bias, mu, var = (c.astype(np.float64) for c in consts)
-        a = s / np.sqrt(var + epsilon)
-        c = bias - mu * a
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):  # NaN/negative stats: same as ort
+            a = s / np.sqrt(var + epsilon)
+            c = bias - mu * a
         a_id = ctx.b.const(a.astype(ctx.dtype(X)).reshape((1, -1) + (1,) * (rank - 2)))
         c_id = ctx.b.const(c.astype(ctx.dtype(X)).reshape((1, -1) + (1,) * (rank - 2)))
         return ctx.binary(Op.ADD, ctx.binary(Op.MUL, X, a_id), c_id), None, None

@@ -44,6 +44,14 @@ def fold_constants(model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], on
     return model
 
 
+FOLD_MAX_ELEMENTS = 2**26  # a folded constant larger than this is left as a node
+
+
+def _too_big(tp: onnx.TypeProto | None) -> bool:
+    shape = static_shape(tp)
+    return shape is not None and math.prod(shape) > FOLD_MAX_ELEMENTS
+
+
 def _types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
     return {vi.name: vi.type for vi in list(graph.input) + list(graph.value_info) + list(graph.output)}
 
@@ -90,6 +98,8 @@ def _fold_round(model: onnx.ModelProto) -> bool:
                 known.add(node.output[0])
                 folded.add(i)
             continue
+        if any(_too_big(types.get(o)) for o in node.output if o):
+            continue  # never materialise a huge constant; load_model reports the size
         if all(not name or name in known for name in node.input):
             batch.append(i)
             known.update(o for o in node.output if o)

@@ -91,6 +91,7 @@ def load_model(
             onnx.checker.check_model(where)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise ModelError(f"{where}: invalid ONNX model: {one_line(e)}") from None
+    _check_initializers(graph, where)
     _bind_shapes(graph, shapes, where)
     del graph.value_info[:]  # exporters' symbolic shapes would mask the bound ones
     for out in graph.output:
@@ -104,8 +105,49 @@ def load_model(
     model = infer_shapes(model, where)
     _check_foreign_ops(model, where)
     _require_static(model.graph, where)
-    tensor_types(model)  # every element type has a numpy equivalent
+    _check_sizes(tensor_types(model), where)  # and every element type has a numpy equivalent
     return model
+
+
+def _check_initializers(graph: onnx.GraphProto, where: str) -> None:
+    """Each initializer holds as many values as its dims say (the checker does not look)."""
+    for t in graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        if any(d < 0 for d in t.dims):
+            raise ModelError(f"{where}: initializer {t.name!r} has a negative dimension {list(t.dims)}")
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
+            field = helper.tensor_dtype_to_field(t.data_type)
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            raise ModelError(f"{where}: initializer {t.name!r} has unknown element type {t.data_type}") from None
+        if dtype.kind not in "biuf" or t.data_type in _PACKED_TYPES:
+            continue  # other types are rejected later (tensor_types) or packed sub-byte
+        want = math.prod(t.dims)
+        have = len(t.raw_data) / dtype.itemsize if t.raw_data else len(getattr(t, field))
+        if have != want:
+            raise ModelError(
+                f"{where}: initializer {t.name!r} has dims {list(t.dims)} ({want} values) but holds {have:g} values"
+            )
+
+
+_PACKED_TYPES = {
+    getattr(onnx.TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(onnx.TensorProto, n)
+}
+
+MAX_ELEMENTS = 2**31 - 1  # generated kernels index with 32-bit integers
+
+
+def _check_sizes(types: dict[str, tuple[tuple[int, ...], str]], where: str) -> None:
+    for name, (shape, _) in types.items():
+        size = math.prod(shape)
+        if size > MAX_ELEMENTS:
+            raise ModelError(
+                f"{where}: value {name!r} has shape {list(shape)} ({size:.3g} elements); "
+                f"korch supports tensors of at most 2^31 - 1 elements"
+            )
 
 
 BIG_INITIALIZER = 4096  # elements; larger ones cannot be shape data

@@ -1,7 +1,8 @@
 """A misbehaving backend for testing measurement isolation (enabled by KORCH_CHAOS=1).
 
 It runs kernels with the reference interpreter, except that a kernel containing NEG
-segfaults, EXP hangs, LOG raises, and SQRT returns wrong numbers.
+segfaults, EXP hangs, LOG raises, SQRT returns wrong numbers, and RECIPROCAL
+allocates memory without bound (64 MiB a step, touched so that it is resident).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ class _ChaosKernel(CompiledKernel):
             time.sleep(3600)
         if Op.LOG in self.ops:
             raise RuntimeError("chaos: log kernels raise")
+        if Op.RECIPROCAL in self.ops:
+            hog = []
+            while True:  # runaway memory: only the parent's memory watch stops this
+                hog.append(np.ones(64 * 2**20, dtype=np.uint8))
+                time.sleep(0.01)
         out = list(evaluate(self.kgraph, dict(zip(self.kgraph.inputs, inputs))).values())
         if Op.SQRT in self.ops:
             out = [o + 1.0 for o in out]
@@ -61,4 +67,4 @@ class ChaosBackend(Backend):
 if os.environ.get("KORCH_CHAOS") == "1":
     register(ChaosBackend())
 
-__all__ = ["ChaosBackend", "np"]
+__all__ = ["ChaosBackend"]

@@ -79,6 +79,7 @@ class OrtKernel(CompiledKernel):
 class OrtBackend(Backend):
     name = "ort"
     kinds = frozenset({"linear", "opaque", "memory"})
+    targets = frozenset({"cpu", "cuda"})  # on cuda: opaque primitives, on the host
 
     def supports(self, kgraph: Graph) -> bool:
         # to_onnx lowers every primitive; PAD needs opset >= 11, which opaque nodes could lower

@@ -146,6 +146,10 @@ def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None) -
     return Prepared(func, ins, outs, [_aligned_copy(h) for h in lw.hidden], config, report)
 
 
+# (id(library), folder) -> (library, file name) of libraries already exported by save()
+_EXPORTED: dict[tuple[int, str], tuple[Any, str]] = {}
+
+
 class TvmKernel(CompiledKernel):
     backend = "tvm"
 
@@ -196,8 +200,18 @@ class TvmKernel(CompiledKernel):
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        lib_name = f"{stem}.so"
-        self.lib.export_library(str(directory / lib_name))
+        # Kernels built together by build_many share one library: export it once per
+        # folder, not once per kernel (each export links the whole library).
+        key = (id(self.lib), str(directory.resolve()))
+        hit = _EXPORTED.get(key)
+        if hit is not None and hit[0] is self.lib and (directory / hit[1]).exists():
+            lib_name = hit[1]
+        else:
+            lib_name = f"{stem}.so"
+            self.lib.export_library(str(directory / lib_name))
+            if len(_EXPORTED) > 256:
+                _EXPORTED.clear()
+            _EXPORTED[key] = (self.lib, lib_name)
         hidden_names = []
         for i, h in enumerate(self._hidden_np):
             name = f"{stem}.hidden{i}.npy"

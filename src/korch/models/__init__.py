@@ -7,16 +7,18 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from korch.models.zoo import BUILDERS
+from korch.models.zoo import BUILDERS, EXTRA_BUILDERS
 
 NAMES: list[str] = list(BUILDERS)
+EXTRA_NAMES: list[str] = list(EXTRA_BUILDERS)  # encoder12 (scale), chain6 (process tests); build() takes them
 
 
 def build(name: str, seed: int = 0) -> onnx.ModelProto:
-    """The model ``name`` (one of ``NAMES``) with weights drawn from ``seed``."""
-    if name not in BUILDERS:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(NAMES)}")
-    return BUILDERS[name](seed=seed)
+    """The model ``name`` (one of ``NAMES`` or ``EXTRA_NAMES``) with weights drawn from ``seed``."""
+    builder = BUILDERS.get(name) or EXTRA_BUILDERS.get(name)
+    if builder is None:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(NAMES + EXTRA_NAMES)}")
+    return builder(seed=seed)
 
 
 def save(name: str, path: str | Path, seed: int = 0) -> Path:
@@ -39,4 +41,4 @@ def random_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray
     return feeds
 
 
-__all__ = ["NAMES", "build", "random_inputs", "save"]
+__all__ = ["EXTRA_NAMES", "NAMES", "build", "random_inputs", "save"]

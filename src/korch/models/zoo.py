@@ -233,6 +233,62 @@ def opaque(seed: int = 0, seq: int = 64, dim: int = 128, k: int = 16) -> onnx.Mo
     return n.model()
 
 
+def encoder12(
+    seed: int = 0, layers: int = 12, seq: int = 64, dim: int = 256, heads: int = 8, ffn: int = 1024
+) -> onnx.ModelProto:
+    """A 12-layer BERT-style encoder (post-LayerNorm) for the scale benchmark: each layer
+    is self-attention with an additive attention mask, residual, LayerNorm, a Gelu MLP,
+    residual, LayerNorm. As some exporters write it, attention runs head by head (Q, K
+    and V Split into heads, one scores/softmax/context chain per head, Concat) and
+    LayerNorm is written out (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul,
+    Add), so the model has over 2,000 primitives. Every layer has its own weights; weights are kernel inputs, so
+    equal layers share canonical kernels (and measurements)."""
+    n = _Net("encoder12", seed)
+    x = n.input("x", (1, seq, dim))
+    mask = n.const(np.where(np.arange(seq) < seq - 4, 0.0, -1e4).astype(np.float32).reshape(1, 1, seq), "mask")
+
+    def layer_norm(h: str) -> str:
+        mean = n.op("ReduceMean", [h], axes=[-1], keepdims=1)
+        d = n.op("Sub", [h, mean])
+        var = n.op("ReduceMean", [n.op("Pow", [d, n.scalar(2.0)])], axes=[-1], keepdims=1)
+        y = n.op("Div", [d, n.op("Sqrt", [n.op("Add", [var, n.scalar(1e-5)])])])
+        gamma = n.const((1 + 0.1 * n.rng.standard_normal(dim)).astype(np.float32), "gamma")
+        beta = n.const((0.1 * n.rng.standard_normal(dim)).astype(np.float32), "beta")
+        return n.op("Add", [n.op("Mul", [y, gamma]), beta])
+
+    dh = dim // heads
+    h = x
+    for _ in range(layers):
+        split = n.ints([dh] * heads)
+        qs, ks, vs = (n.op_multi("Split", [n.linear(h, dim, dim), split], heads, axis=2) for _ in range(3))
+        ctxs = []
+        for qh, kh, vh in zip(qs, ks, vs):
+            scores = n.op("MatMul", [qh, n.op("Transpose", [kh], perm=[0, 2, 1])])
+            scores = n.op("Add", [n.op("Div", [scores, n.scalar(math.sqrt(dh))]), mask])
+            ctxs.append(n.op("MatMul", [n.op("Softmax", [scores], axis=-1), vh]))
+        ctx = n.op("Concat", ctxs, axis=2)
+        h = layer_norm(n.op("Add", [n.linear(ctx, dim, dim), h]))
+        f = n.linear(n.gelu(n.linear(h, dim, ffn)), ffn, dim)
+        h = layer_norm(n.op("Add", [f, h]))
+    n.output(h, (1, seq, dim))
+    return n.model()
+
+
+def chain6(seed: int = 0, rows: int = 64, cols: int = 128) -> onnx.ModelProto:
+    """Six elementwise primitives in a chain with a residual (21 candidate kernels):
+    the smallest model that still profiles for a while, for resume and RPC tests."""
+    n = _Net("chain6", seed)
+    x = n.input("x", (rows, cols))
+    a = n.op("Exp", [n.op("Tanh", [n.op("Mul", [x, n.weight(rows, cols)])])])
+    y = n.op("Mul", [n.op("Sigmoid", [n.op("Add", [a, x])]), n.scalar(0.5)])
+    n.output(y, (rows, cols))
+    return n.model()
+
+
+# Built by name (korch.models.build) but not in NAMES, which tests and examples
+# iterate over: a large model for the scale benchmark, a tiny one for process tests.
+EXTRA_BUILDERS: dict[str, Callable[..., onnx.ModelProto]] = {"encoder12": encoder12, "chain6": chain6}
+
 BUILDERS: dict[str, Callable[..., onnx.ModelProto]] = {
     "attention": attention,
     "mlp": mlp,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,8 @@ class Workload:
     kgraph: Graph
     consts: dict[str, np.ndarray]
     backends: tuple[str, ...]
-    config: str = "default"
+    config: str = "default"  # the DB's config key (tvm: korch.kernels.tvm_tiling.config_key)
+    tile_config: Any = None  # passed to the tvm backend's build (None: its default rule)
 
 
 @dataclasses.dataclass
@@ -48,8 +50,10 @@ def profile(
     target: str,
     settings,
     progress: bool = True,
+    pool: WorkerPool | None = None,
 ) -> tuple[dict[tuple[str, str], Measurement], ProfileStats]:
-    """Look up or measure every (workload, backend) pair; returns all measurements."""
+    """Look up or measure every (workload, backend) pair; returns all measurements.
+    ``pool``: a worker pool to reuse (left open); by default one is started and closed."""
     from korch.ir.text import print_graph
 
     t0 = time.perf_counter()
@@ -69,7 +73,7 @@ def profile(
                 continue
             db.add_workload(w.hash, w.kind, len(w.kgraph.compute_ids()), print_graph(w.kgraph))
             meta[key] = (w.config, versions[b])
-            jobs.append(Job(key, b, w.kgraph, w.consts))
+            jobs.append(Job(key, b, w.kgraph, w.consts, w.tile_config if b == "tvm" else None))
     if jobs:
         bar = None
         if progress:
@@ -79,21 +83,37 @@ def profile(
 
         def on_result(r: JobResult) -> None:
             config, ver = meta[r.key]
-            m = Measurement(r.key[0], target, r.key[1], config, ver, r.status, r.median_us, r.times_us, r.error)
-            db.record(m)  # committed at once (autocommit): nothing measured is ever lost
+            m = Measurement(r.key[0], target, r.key[1], config, ver, r.status, r.median_us, r.times_us, r.error, r.host)
+            m = db.record(m)  # committed at once: nothing measured is lost; the row that stands
             results[r.key] = m
             stats.measured += 1
             stats.failed += not m.ok
             if bar is not None:
                 bar.update(1)
 
-        pool = WorkerPool(
-            settings.num_threads, (settings.warmup, settings.repeat, settings.min_repeat_ms), settings.kernel_timeout_s
-        )
+        own = pool is None
+        if pool is None:
+            pool = WorkerPool(
+                settings.num_threads,
+                (settings.warmup, settings.repeat, settings.min_repeat_ms),
+                settings.kernel_timeout_s,
+            )
+        if pool.memory_mb is None:
+            pool.memory_mb = getattr(settings, "kernel_memory_mb", None)
         try:
-            pool.run(jobs, on_result)
+            tracker = getattr(settings, "tracker", "")
+            if tracker:  # TVM kernels on RPC servers, the rest here (Note [Distributed measurement])
+                from korch.profile.rpc import RpcMeasurer
+
+                remote = [j for j in jobs if j.backend == "tvm"]
+                pool.run([j for j in jobs if j.backend != "tvm"], on_result)
+                timing = (settings.warmup, settings.repeat, settings.min_repeat_ms)
+                RpcMeasurer(tracker, settings.rpc_key, pool, timing, settings.kernel_timeout_s).run(remote, on_result)
+            else:
+                pool.run(jobs, on_result)
         finally:
-            pool.close()
+            if own:
+                pool.close()
             if bar is not None:
                 bar.close()
     stats.seconds = time.perf_counter() - t0
