@@ -33,7 +33,7 @@ class PeakRSS(threading.Thread):
         self.peak = 0
         self.stage_peak: dict[str, int] = {}
         self.stage = "start"
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def sample(self) -> int:
         import psutil
@@ -47,14 +47,14 @@ class PeakRSS(threading.Thread):
         return total
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._done.is_set():
             rss = self.sample()
             self.peak = max(self.peak, rss)
             self.stage_peak[self.stage] = max(self.stage_peak.get(self.stage, 0), rss)
             time.sleep(self.period_s)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
         self.join()
 
 

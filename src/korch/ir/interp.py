@@ -162,7 +162,9 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], keep_all: bool = Fa
                 raise KeyError(f"missing input {name!r}")
             values[nid] = np.asarray(inputs[name], dtype=node.dtype).reshape(node.shape)
         else:
-            values[nid] = eval_node(graph, nid, [values[i] for i in node.inputs])  # type: ignore[misc]
+            # IEEE semantics (NaN/Inf results) as onnxruntime gives them, without numpy's warnings
+            with np.errstate(all="ignore"):
+                values[nid] = eval_node(graph, nid, [values[i] for i in node.inputs])  # type: ignore[misc]
     if keep_all:
         return dict(enumerate(values))
     return {name: values[nid] for name, nid in graph.outputs.items()}
