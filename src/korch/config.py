@@ -46,6 +46,7 @@ class Settings:
     guided_rival_factor: float = 1.5
     guided_rivals: int = 0
     guided_optimism: float = 1.0
+    guided_linear: bool = True  # linear kernels guided by a roofline estimate, not all measured
     # tile configs of generated kernels: "model" (the tiling model's) or "rule"; "rule" by
     # measurement (benchmarks/RESULTS.md, Auto tiling): the model parallelises small kernels
     tile_configs: str = "rule"

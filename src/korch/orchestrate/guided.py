@@ -8,11 +8,14 @@ milliseconds, so the orchestrator decides what is worth measuring:
 
 1. every candidate's tile config is chosen (``Settings.tile_configs``: the tiling
    model's, Note [Tiling to TileConfig], or the rule's ``default_tile_config``) and
-   the model predicts its latency from the same solution; linear and opaque kernels
-   (few) and any kernel the model cannot describe are measured outright;
+   the model predicts its latency from the same solution; linear kernels (a MatMul or
+   Conv with its epilogue, several library backends) get a roofline estimate
+   (``korch.rewrite.cost``: flops and bytes; ``Settings.guided_linear``); opaque
+   kernels and any kernel the model cannot describe are measured outright;
 2. costs: the measurement where there is one (this run's or the database's), else the
    prediction times an *optimistic scale*: ``exp(mean - z * sd)`` of
-   log(measured / predicted) over the generated kernels measured so far (the model
+   log(measured / predicted) over the kernels of the same class (generated or linear)
+   measured so far (the model
    ranks kernels; its level drifts with machine load and calibration; ``z`` is
    ``Settings.guided_optimism``, sd is shrunk towards a prior of 0.5 while few
    kernels are measured);
@@ -107,6 +110,14 @@ def step_profile(ctx) -> None:
             w.tile_config, w.config = cfg, config_key(cfg)
             if p is not None and w.backends == ("tvm",):
                 pred[w.hash] = p
+    klass = dict.fromkeys(pred, "generated")
+    if getattr(s, "guided_linear", True):
+        from korch.rewrite.cost import default_cost
+
+        for w in workloads.values():
+            if w.kind == "linear" and w.hash not in pred and w.backends:
+                pred[w.hash] = default_cost(w.kgraph) * 1e6  # roofline, Note [Model-guided profiling]
+                klass[w.hash] = "linear"
     gs.prediction_seconds = time.perf_counter() - t0
     gs.predicted = len(pred)
 
@@ -136,7 +147,7 @@ def step_profile(ctx) -> None:
                     if m is not None:
                         results[(w.hash, b)] = m
             measure([w for h, w in workloads.items() if h not in pred])
-            _guided_rounds(ctx, workloads, pred, results, measure, gs)
+            _guided_rounds(ctx, workloads, pred, results, measure, gs, klass)
             # requested: the pairs the guided rounds needed (from the database or measured)
             stats.requested = len(results)
             stats.cached = len(results) - stats.measured
@@ -181,14 +192,18 @@ def _optimistic_scale(ratios: list[float], z: float, prior_sd: float = 0.5, prio
     return math.exp(mean - z * sd)
 
 
-def _estimate(h: str, known: dict, pred: dict, scale: float) -> float:
+def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
     k = known[h]
     if k is not None:
         return k
-    return pred[h] * scale if h in pred else math.inf
+    if h not in pred:
+        return math.inf
+    return pred[h] * (scale if isinstance(scale, float) else scale[h])
 
 
-def _guided_rounds(ctx, workloads, pred, results, measure, gs: GuidedStats, max_rounds: int = 50) -> None:
+def _guided_rounds(
+    ctx, workloads, pred, results, measure, gs: GuidedStats, klass: dict | None = None, max_rounds: int = 50
+) -> None:
     from korch.orchestrate import solve
 
     g, s = ctx.graph, ctx.settings
@@ -199,12 +214,15 @@ def _guided_rounds(ctx, workloads, pred, results, measure, gs: GuidedStats, max_
         by_part.setdefault(c.partition, []).append(c)
     for _ in range(max_rounds):
         gs.rounds += 1
-        ratios = []
+        # one optimistic scale per class of prediction (tiling model; linear roofline)
+        ratios: dict[str, list[float]] = {}
         for h, p in pred.items():
             m = _cost(results, h, workloads[h].backends)
             if m is not None and math.isfinite(m) and p > 0:
-                ratios.append(m / p)
-        scale = _optimistic_scale(ratios, getattr(s, "guided_optimism", 1.0))
+                ratios.setdefault(klass.get(h, "generated") if klass else "generated", []).append(m / p)
+        z = getattr(s, "guided_optimism", 1.0)
+        by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set((klass or {}).values()) | {"generated"}}
+        scale = {h: by_class[klass.get(h, "generated") if klass else "generated"] for h in pred}
         known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
 
         want: set[str] = set()
