@@ -161,3 +161,27 @@ def test_cli_errors_are_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("korch: error:")
     assert "Traceback" not in proc.stderr
+
+
+def test_runtime_threads_chosen_saved_and_followed(compiled):
+    """Note [Runtime threads]: the faster of 2 and 1 threads end to end is kept and saved;
+    switching every kernel's thread count leaves the outputs as they were."""
+    import json
+
+    from korch.bench.compare import max_rel_error
+
+    model, out = compiled("mlp")
+    r = model.report
+    assert r["runtime_threads"] in (1, 2)
+    assert set(r["threads_ms"]) == {"1", "2"} and all(v > 0 for v in r["threads_ms"].values())
+    assert r["runtime_threads"] == min((1, 2), key=lambda n: r["threads_ms"][str(n)])
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["threads"] == r["runtime_threads"]
+    exe = korch.load(out).executable
+    assert exe.threads == r["runtime_threads"]
+    feeds = {n: np.random.default_rng(5).standard_normal(s.shape).astype(s.dtype) for n, s in exe.inputs.items()}
+    want = exe(feeds)
+    for n in (2, 1, 2):
+        exe.set_threads(n)
+        # a different thread count splits reductions differently: same numbers up to rounding
+        assert max_rel_error(exe(feeds), want) <= 1e-5

@@ -46,6 +46,9 @@ class Settings:
     guided_rival_factor: float = 1.5
     guided_rivals: int = 0
     guided_optimism: float = 1.0
+    # end to end, time the executable with num_threads and with 1 thread and keep the
+    # faster (Note [Runtime threads]); cpu target only
+    choose_threads: bool = True
     guided_linear: bool = True  # linear kernels guided by a roofline estimate, not all measured
     # tile configs of generated kernels: "model" (the tiling model's) or "rule"; "rule" by
     # measurement (benchmarks/RESULTS.md, Auto tiling): the model parallelises small kernels

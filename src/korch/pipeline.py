@@ -211,6 +211,36 @@ def step_build(ctx: Context) -> None:
     ctx.executable.cuda_graph = ctx.settings.cuda_graph  # device executables only (Note [Device kernels])
 
 
+def step_threads(ctx: Context) -> None:
+    """Pick the executable's thread count by end-to-end time (Note [Runtime threads])."""
+    from korch.bench.compare import random_feeds, time_alternating
+
+    exe, s = ctx.executable, ctx.settings
+    assert exe is not None
+    n = max(1, int(s.num_threads))
+    exe.set_threads(n)
+    if not s.choose_threads or n == 1 or s.target != "cpu":
+        ctx.report.update(runtime_threads=n)
+        return
+    feeds = random_feeds(exe.inputs)
+    current = [n]
+
+    def run_with(k: int):
+        def fn():
+            if current[0] != k:
+                exe.set_threads(k)
+                current[0] = k
+            exe(feeds)
+
+        return fn
+
+    t = time_alternating({str(n): run_with(n), "1": run_with(1)}, rounds=15)
+    ms = {k: v["median_ms"] for k, v in t.items()}
+    best = 1 if ms["1"] < ms[str(n)] else n
+    exe.set_threads(best)
+    ctx.report.update(runtime_threads=best, threads_ms={k: round(v, 4) for k, v in ms.items()})
+
+
 def step_measure(ctx: Context) -> None:
     from korch.bench.compare import compare_with_onnxruntime
 
@@ -227,6 +257,7 @@ STEPS: list[tuple[str, Callable[[Context], None]]] = [
     ("profile", step_profile),
     ("orchestrate", step_orchestrate),
     ("build", step_build),
+    ("threads", step_threads),
     ("measure", step_measure),
 ]
 

@@ -119,6 +119,22 @@ class Executable:
         self.buffer_stats = buffer_stats or {}
         self.cuda_graph = False  # Settings.cuda_graph; used by the device runner
         self._device_runner = None
+        self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
+
+    def set_threads(self, num_threads: int) -> None:
+        """Note [Runtime threads]
+        ~~~~~~~~~~~~~~~~~~~~~~~~~
+        Kernels are profiled one at a time, each with the whole machine; end to end, up
+        to four thread pools (TVM, onnxruntime sessions, OpenBLAS, torch) take turns
+        on the same cores, and a parallel kernel can wait for a pool's descheduled
+        worker to wake. Whether N threads beat one for the *whole executable* is
+        therefore measured after build (``korch.pipeline.step_threads``), and the
+        choice is saved in plan.json; every kernel follows it through
+        ``CompiledKernel.set_threads``."""
+        n = max(1, int(num_threads))
+        for st in self.steps:
+            st.kernel.set_threads(n)  # type: ignore[union-attr]
+        self.threads = n
 
     def check_inputs(self, feeds: Mapping[str, Any]) -> dict[int, np.ndarray]:
         env: dict[int, np.ndarray] = {}
@@ -186,6 +202,7 @@ class Executable:
             "free_after": self.free_after,
             "buffer_stats": self.buffer_stats,
             "cuda_graph": self.cuda_graph,
+            "threads": self.threads,
         }
         (d / "plan.json").write_text(json.dumps(plan, indent=1))
         np.savez(d / "consts.npz", **{str(k): v for k, v in self.consts.items()})
@@ -202,7 +219,7 @@ class Executable:
         plan = json.loads((d / "plan.json").read_text())
         if plan.get("version") != PLAN_VERSION:
             raise KorchError(f"{d}: plan version {plan.get('version')} is not {PLAN_VERSION}; re-optimize")
-        threads = num_threads or os.cpu_count() or 1
+        threads = num_threads or plan.get("threads") or os.cpu_count() or 1
         with np.load(d / "consts.npz") as z:
             consts = {int(k): z[k] for k in z.files}
         steps = []
@@ -230,4 +247,5 @@ class Executable:
             plan.get("buffer_stats"),
         )
         exe.cuda_graph = bool(plan.get("cuda_graph", False))
+        exe.set_threads(threads)
         return exe

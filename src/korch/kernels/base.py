@@ -30,6 +30,9 @@ class CompiledKernel(abc.ABC):
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         """Write files named ``stem*`` under ``directory``; return JSON-able metadata."""
 
+    def set_threads(self, num_threads: int) -> None:  # noqa: B027 - optional hook
+        """Run with ``num_threads`` threads from now on (Note [Runtime threads])."""
+
 
 class Backend(abc.ABC):
     name: str = ""

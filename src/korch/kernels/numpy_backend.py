@@ -296,6 +296,9 @@ class NumpyKernel(CompiledKernel):
         ]
         set_blas_threads(num_threads)
 
+    def set_threads(self, num_threads: int) -> None:
+        self.num_threads = max(1, int(num_threads))
+
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         plan = self.plan
         if _blas_threads[0] != self.num_threads:

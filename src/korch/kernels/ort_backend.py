@@ -55,6 +55,19 @@ class OrtKernel(CompiledKernel):
         self._model_bytes = model_bytes
         self._run = getattr(session, "_sess", session).run
         self._pairs = list(zip(self.feed_names, self.feed_positions))
+        self._sessions: dict[int, Any] = {}  # by thread count (set_threads)
+        self._threads = int(session.get_session_options().intra_op_num_threads)
+        self._sessions[self._threads] = session
+
+    def set_threads(self, num_threads: int) -> None:
+        """A session's pool size is fixed at creation: keep one session per thread count."""
+        n = max(1, int(num_threads))
+        if n == self._threads or self._model_bytes is None:
+            return
+        if n not in self._sessions:
+            self._sessions[n] = _session(self._model_bytes, n)
+        self.session, self._threads = self._sessions[n], n
+        self._run = getattr(self.session, "_sess", self.session).run
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         feed = {name: inputs[pos] for name, pos in self._pairs}

@@ -114,6 +114,9 @@ class TorchKernel(CompiledKernel):
             return torch.mm(a, b)
         return torch.matmul(a, b)
 
+    def set_threads(self, num_threads: int) -> None:
+        self.num_threads = max(1, int(num_threads))
+
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         torch = self.torch
         plan = self.plan
