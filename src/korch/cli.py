@@ -23,6 +23,7 @@ SUMMARY_FIELDS = [
     ("blp_seconds", "BLP seconds"),
     ("kernels_chosen", "kernels chosen"),
     ("redundant_primitives", "redundant primitives"),
+    ("runtime_threads", "runtime threads"),
     ("latency_ms", "end-to-end latency (ms)"),
     ("onnxruntime_ms", "onnxruntime latency (ms)"),
     ("speedup", "speedup vs onnxruntime"),
