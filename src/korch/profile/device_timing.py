@@ -8,11 +8,10 @@ back to back) after a warm-up that also triggers Triton's JIT compile. Without a
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from korch.kernels import device as D
+from korch.profile.timing import time_kernel
 
 
 def is_device_kernel(kernel) -> bool:
@@ -27,18 +26,8 @@ def time_device_kernel(kernel, args: list[np.ndarray], warmup: int, repeat: int,
     for _ in range(max(1, warmup)):
         run(xs)
     D.synchronize(dev)
-    if not dev.startswith("cuda"):
-        t0 = time.perf_counter()
-        run(xs)
-        one = max(time.perf_counter() - t0, 1e-7)
-        inner = max(1, int(min_sample_ms * 1e-3 / one))
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                run(xs)
-            times.append((time.perf_counter() - t0) / inner * 1e6)
-        return times
+    if not dev.startswith("cuda"):  # the interpreter on the host: wall-clock timing
+        return time_kernel(run, xs, 1, repeat, min_sample_ms)
     torch = D.torch()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
