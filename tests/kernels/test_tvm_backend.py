@@ -375,3 +375,30 @@ def test_math_accuracy():
     special = k([np.array([np.inf, -np.inf, 0.0, 100.0] * 1024, F)])
     assert special[0][0] == np.inf and special[0][1] == 0 and special[0][3] == np.inf
     assert special[1][0] == 1 and special[1][1] == -1
+
+
+def _layernorm_tail_with_stored_broadcast(b):
+    """Segformer's LayerNorm tail: the variance of in2, and gamma broadcast over the rows
+    (an output, so stored, and copied to its output block) times the normalised row,
+    plus a residual."""
+    gamma = b.input("in0", (1, 1, 32), F)
+    res = b.input("in1", (1, 256, 32), F)
+    diff = b.input("in2", (1, 256, 32), F)
+    var = b.binary(Op.DIV, b.reduce(Op.REDUCE_SUM, b.binary(Op.MUL, diff, diff), [2]), b.scalar(32.0, diff))
+    rstd = b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, b.binary(Op.ADD, var, b.scalar(1e-5, diff))))
+    g = b.broadcast_to(gamma, (1, 256, 32))
+    y = b.binary(Op.MUL, b.binary(Op.MUL, diff, b.broadcast_to(rstd, (1, 256, 32))), g)
+    return [g, b.binary(Op.ADD, y, res)]
+
+
+def test_row_reduction_with_a_copied_output_is_computed_before_its_consumer():
+    # regression: merging the output copy's loop into the row loop made TVM place the
+    # variance after the block that reads it, so a fresh kernel's first call was wrong
+    b = GraphBuilder()
+    for j, out in enumerate(_layernorm_tail_with_stored_broadcast(b)):
+        b.output(f"out{j}", out)
+    g = b.graph
+    cfg = default_tile_config(g, THREADS)
+    assert cfg.parallel_axes == 2 and cfg.compute_at  # the fused schedule's case
+    for seed in range(2):  # a fresh kernel each time: its first call must be right
+        check(g, TvmBackend().build(g, {}, THREADS, tile_config=cfg), seed)

@@ -97,6 +97,48 @@ def test_describe_fallback_is_conservative():
     assert sol is not None and sol.time_us > 0
 
 
+def _layernorm_tail_then_next_mean(rows: int = 64, cols: int = 32):
+    """Segformer's fused kernel: rstd of one LayerNorm, its affine, a residual add and
+    the next LayerNorm's row sum (two row reductions over different tensors)."""
+    b = GraphBuilder()
+    sq = b.input("in0", (1, rows, cols), "float32")  # (x - mean)^2, reduced for the variance
+    diff = b.input("in1", (1, rows, cols), "float32")
+    res = b.input("in2", (1, rows, cols), "float32")
+    gamma = b.input("in3", (1, 1, cols), "float32")
+    var = b.binary(Op.DIV, b.reduce(Op.REDUCE_SUM, sq, [2]), b.scalar(cols, sq))
+    rstd = b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, b.binary(Op.ADD, var, b.scalar(1e-5, sq))))
+    y = b.binary(Op.MUL, diff, b.broadcast_to(rstd, (1, rows, cols)))
+    z = b.binary(Op.ADD, b.binary(Op.MUL, y, b.broadcast_to(gamma, (1, rows, cols))), res)
+    b.output("out0", z)
+    b.output("out1", b.reduce(Op.REDUCE_SUM, z, [2]))
+    return b.graph
+
+
+def test_describe_maps_a_second_row_reduction_beside_the_anchor():
+    # regression: the variance's input was left unmapped, so the whole kernel fell back
+    # to the conservative description (and then crashed on its unit leading dim)
+    d = describe(_layernorm_tail_then_next_mean())
+    assert not d.fallback and d.kind == "reduce"
+    assert [a.extent for a in d.axes] == [64, 32] and [a.reduce for a in d.axes] == [False, True]
+    assert solve(d, TGTS["cpu"], "exhaustive") is not None
+
+
+def test_fallback_with_unit_dims_pairs_entries_with_axes():
+    # a fallback tensor has one entry per anchor axis; its rank-3 shape has a unit dim
+    b = GraphBuilder()
+    x = b.input("in0", (1, 6, 4), "float32")
+    y = b.reshape(b.unary(Op.EXP, x), (1, 4, 6))
+    b.output("out0", b.binary(Op.ADD, y, b.input("in1", (1, 4, 6), "float32")))
+    d = describe(b.graph)
+    assert d.fallback and len(d.axes) == 2
+    m = TemplateModel(d, TGTS["cpu"], d.templates[0])
+    whole = [a.extent for a in d.axes] + [1]  # whole tiles on one core
+    # each tile is the whole 24-element tensor: two inputs and the output double
+    # buffered (the bug paired entries with the unit dim and counted 6 elements)
+    assert m.buffer_bytes(whole)[0] >= 6 * 24 * 4
+    assert solve(d, TGTS["cpu"], "exhaustive") is not None
+
+
 # --- axis ordering -------------------------------------------------------------------------------
 def names(vs):
     return [v.name for v in vs]

@@ -231,8 +231,15 @@ class _Scheduler:
         # every consumer of a stored node is under the loop when it is computed there.
         rows = _extent(sch, outer)
         copies_under = []
+        # Not when a row reduction that is not itself copied is computed under the
+        # loop: after such a merge TVM's compute_at put that reduction *after* its
+        # consumer, over every row (the consumer read stale values; three Segformer
+        # LayerNorm kernels, tests/kernels/test_tvm_backend.py). Those copies get their
+        # own nest. A copied reduction (softmax's row sum as an output) needs the merge.
+        copied = {self.copy_src[c] for c in copies}
+        merge_ok = all(n in copied for n in targets if self.is_reduce(n))
         for c in copies:
-            if self.copy_src[c] not in targets or rows is None:
+            if self.copy_src[c] not in targets or rows is None or not merge_ok:
                 continue
             k = prefix_axes(g.nodes[self.copy_src[c]].shape, rows)
             if not k:

@@ -230,11 +230,11 @@ class _Mapper:
         for d, ext in enumerate(n.shape):
             if ext > 1:
                 self.axis_of_dim[d] = len(self.axis_of_dim)
-        self.maps: dict[int, tuple] = {
-            anchor: tuple(
-                ((self.axis_of_dim[d], Fraction(1), Fraction(0)),) if ext > 1 else () for d, ext in enumerate(n.shape)
-            )
-        }
+        self.anchor_shape = n.shape
+        self.anchor_map = tuple(
+            ((self.axis_of_dim[d], Fraction(1), Fraction(0)),) if ext > 1 else () for d, ext in enumerate(n.shape)
+        )
+        self.maps: dict[int, tuple] = {anchor: self.anchor_map}
 
     def _unit(self, shape, m):
         return tuple(() if d == 1 and not isinstance(e, Ghost) else e for d, e in zip(shape, m))
@@ -286,10 +286,16 @@ class _Mapper:
                 for e, st, d in zip(m, node.attr("steps"), src.shape)
             )
         if op in GroupOp.REDUCE:
-            return tuple(
-                None if d in node.attr("axes") and src.shape[d] > 1 else e
-                for d, e in enumerate(self._unit(src.shape, m))
-            )
+            axes = node.attr("axes")
+            kept = self._unit(src.shape, m)
+            if src.shape == self.anchor_shape and all(
+                kept[d] == self.anchor_map[d] for d in range(len(kept)) if d not in axes
+            ):
+                # a reduction over a tensor shaped like the anchor whose kept dims sit
+                # where the anchor's do (a second row reduction beside the anchor's,
+                # e.g. LayerNorm's mean of the next residual sum): same loop nest
+                return self.anchor_map
+            return tuple(None if d in axes and src.shape[d] > 1 else e for d, e in enumerate(kept))
         if op is Op.BROADCAST:
             return self._unit(src.shape, m)
         if op is Op.TRANSPOSE:

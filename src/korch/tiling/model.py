@@ -223,9 +223,16 @@ class TemplateModel:
         self.elems: dict[int, sp.Expr] = {}
         self.spans_reduce: dict[int, bool] = {}
         red = set(desc.reduce_axes)
+        # a fallback description gives every tensor the anchor's axes (one entry per
+        # axis, not per tensor dim): pair its entries with the axis extents
+        axis_shape = tuple(a.extent for a in axes)
+
+        def dim_shape(td: TensorDesc) -> tuple:
+            return axis_shape if desc.fallback else td.shape
+
         for td in desc.tensors:
             e = A.integer(1)
-            for entry, dim in zip(td.dims, td.shape):
+            for entry, dim in zip(td.dims, dim_shape(td)):
                 e = e * _dim_extent(A, entry, t, dim)
             if td.scale != 1.0:
                 e = A.ceil(e * A.number(td.scale))
@@ -257,18 +264,19 @@ class TemplateModel:
         gm_align = target.levels[0].alignment if target.levels and target.levels[0].role == "gm" else 1
 
         def transfer_bytes(td: TensorDesc) -> sp.Expr:
-            ext = [_dim_extent(A, e, t, d) for e, d in zip(td.dims, td.shape)]
-            nz = [i for i, d in enumerate(td.shape) if d > 1]
+            shape = dim_shape(td)
+            ext = [_dim_extent(A, e, t, d) for e, d in zip(td.dims, shape)]
+            nz = [i for i, d in enumerate(shape) if d > 1]
             total = self.elems[td.node] * td.itemsize
             if not nz:
                 return A.ceil(total / gm_align) * gm_align
             # a contiguous run grows past a dim only while the tile covers the dims
             # after it whole (two levels are enough for the kernels we see)
             run = cover = ext[nz[-1]]
-            full = A.integer(td.shape[nz[-1]])
+            full = A.integer(shape[nz[-1]])
             for j in list(reversed(nz[:-1]))[:2]:
                 run = A.eq(cover, full, cover * ext[j], run)
-                cover, full = cover * ext[j], full * td.shape[j]
+                cover, full = cover * ext[j], full * shape[j]
             run_bytes = run * td.itemsize
             lines = A.ceil(run_bytes / gm_align) * gm_align
             return total / run_bytes * lines
