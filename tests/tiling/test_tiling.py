@@ -225,6 +225,26 @@ def test_solution_is_pure_and_latency_prediction_orders_sizes():
     assert 0 < small < big < math.inf
 
 
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_fork_join_cost_keeps_small_kernels_on_one_core(solver):
+    # the CPU target's fork/join (waking the thread pool) outweighs halving a tiny
+    # kernel's work, not a big one's; without it the model always takes every core
+    tgt = TGTS["cpu"]
+    assert tgt.fork_join > 0
+    small, big = describe(E.add_relu((64, 64))), describe(E.add_relu((512, 1024)))
+    assert solve(small, tgt, solver).cores == 1
+    assert solve(big, tgt, solver).cores == tgt.cores
+    assert solve(small, tgt.replace(fork_join=0.0), "exhaustive").cores == tgt.cores
+
+
+def test_per_argument_cost_adds_per_tensor():
+    tgt = TGTS["cpu"].replace(fork_join=0.0)
+    d = describe(E.add_relu((8, 64)))  # two inputs, one output
+    base = solve(d, tgt.replace(per_arg=0.0), "exhaustive").time_us
+    more = solve(d, tgt.replace(per_arg=1000.0), "exhaustive").time_us
+    assert more - base == pytest.approx(3 * 1000.0 * tgt.unit_us)
+
+
 def test_template_selection_prefers_multi_pass_when_row_does_not_fit():
     # a 200k-element row cannot be UB-resident on A2: one-pass is infeasible
     sol = solve(describe(E.softmax(4, 200_000)), TGTS["ascend-a2"], "exhaustive")

@@ -66,6 +66,10 @@ def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, 
     pred = sol.time_us if sol is not None and math.isfinite(sol.time_us) else None
     if getattr(settings, "tile_configs", "model") != "model" or sol is None:
         cfg = default_tile_config(kgraph, settings.num_threads, vector_bytes)
+        if pred is not None and not cfg.parallel and sol.cores > 1:
+            # predict the kernel that is built: the rule runs it on one thread
+            one = model_tile_config(kgraph, 1, vector_bytes, "cpu")[1]
+            pred = one.time_us if one is not None and math.isfinite(one.time_us) else pred
     return cfg, pred
 
 

@@ -12,19 +12,34 @@ from korch.ir.interp import evaluate
 from korch.ir.ops import Op
 
 
+def aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
+    """A C-contiguous, writable copy of ``a`` whose data is ``align``-byte aligned."""
+    a = np.asarray(a)
+    buf = np.empty(max(1, a.nbytes) + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
+    """Inputs of a kernel for checking and timing: random values, constants as given.
+    Every array is 64-byte aligned, as the executable's are (its constants, its inputs
+    and the generated kernels' outputs): a misaligned argument would add a staging
+    copy to a generated kernel's measured time, at random (Note [TVM buffer alignment])."""
     rng = np.random.default_rng(seed)
     out = []
     for name, nid in kgraph.inputs.items():
         node = kgraph.nodes[nid]
         if name in consts:
-            out.append(consts[name])
+            a = consts[name]
         elif node.dtype == "bool":
-            out.append(rng.random(node.shape) < 0.5)
+            a = rng.random(node.shape) < 0.5
         elif np.issubdtype(np.dtype(node.dtype), np.integer):
-            out.append(rng.integers(0, 4, node.shape).astype(node.dtype))
+            a = rng.integers(0, 4, node.shape).astype(node.dtype)
         else:
-            out.append(rng.standard_normal(node.shape).astype(node.dtype))
+            a = rng.standard_normal(node.shape).astype(node.dtype)
+        out.append(aligned(a))
     return out
 
 

@@ -216,6 +216,10 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
     vec["select"] = vec["compare"]
     vec["cast"] = vec["copy"]
     out["vec"] = vec
+    try:
+        out.update(calibrate_launch(cores, repeat))
+    except ImportError:  # no TVM: the defaults' launch terms stay
+        pass
     l2 = _l2_bytes()
     if l2:
         out["levels"] = {"l2": l2}
@@ -224,6 +228,55 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
         dest = path or calibration_path(target)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def calibrate_launch(cores: int, repeat: int = 7) -> dict:
+    """Launch terms of the CPU target from generated kernels called the way the
+    executable calls them (``TvmKernel.__call__``), medians as profiling takes them:
+    ``launch + per_arg * tensors`` from tiny copy kernels with 2, 3 and 4 tensors
+    (a linear fit in the tensor count), ``fork_join`` from the same small kernel
+    scheduled on one thread and on ``cores`` (the work is a few hundred ns, so the
+    difference is waking and joining the pool)."""
+    import dataclasses as dc
+
+    from korch.ir import GraphBuilder, Op
+    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm_tiling import default_tile_config
+    from korch.profile.timing import median, time_kernel
+
+    def graph(n_in: int, n: int):
+        b = GraphBuilder()
+        xs = [b.input(f"in{i}", (n,), "float32") for i in range(n_in)]
+        y = xs[0]
+        for x in xs[1:]:
+            y = b.binary(Op.ADD, y, x)
+        b.output("out0", b.unary(Op.NEG, y) if n_in == 1 else y)
+        return b.graph
+
+    be, vb = TvmBackend(), vector_bytes()
+    rng = np.random.default_rng(0)
+
+    def runner(g, parallel: bool):
+        cfg = dc.replace(default_tile_config(g, cores, vb), parallel=parallel)
+        k = be.build(g, {}, cores, tile_config=cfg)
+        args = [rng.standard_normal(g.nodes[i].shape).astype(np.float32) for i in g.inputs.values()]
+        return lambda: median(time_kernel(k, args, 10, 5, 2.0))
+
+    counts = [2, 3, 4]
+    kernels = [runner(graph(n - 1, 64), False) for n in counts]
+    if cores > 1:
+        g = graph(2, 4096)
+        kernels += [runner(g, False), runner(g, True)]
+    # rounds interleave the kernels; the best round per kernel (each a median of
+    # calls): microsecond calls on this VM vary 2x from one process state to the next
+    rounds = [[k() for k in kernels] for _ in range(max(5, repeat))]
+    times = [float(np.min(col)) for col in zip(*rounds)]
+    per_arg, launch = fit_linear(counts, times[:3])
+    out = {"launch": max(launch, 0.0) * 1e3, "per_arg": max(per_arg, 0.0) * 1e3}
+    if cores > 1:
+        out["fork_join"] = max(times[4] - times[3], 0.0) * 1e3
+    out["launch_raw_us"] = {"tensors": counts, "times": times[:3], "one_vs_all_cores": times[3:]}
     return out
 
 

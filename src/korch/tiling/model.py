@@ -334,7 +334,10 @@ class TemplateModel:
         if template == "split-reduce" and len(passes) > 1:
             launches = A.ge(k, 2, A.integer(len(passes)), A.integer(1))
             total = total + (launches - 1) * (target.vec.head + head(target.load, biggest_load))
-        total = total + launches * target.launch
+        n_args = sum(1 for td in desc.tensors if td.level == "gm" or td.role == "output")
+        total = total + launches * (target.launch + target.per_arg * n_args)
+        if target.fork_join:
+            total = total + launches * A.ge(cores, 2, A.number(target.fork_join), A.integer(0))
         self.pipes = {name: e * target.unit_us for name, e in pipes.items()}
         self.time = total * target.unit_us
 

@@ -131,7 +131,15 @@ def _solve_axis(model: TemplateModel, variant: str) -> dict[str, int]:
     cores_max = model.target.cores
     if variant == "seed":
         # children first (reverse priority), then the parents: the core split
-        return _fit_cores(model, _in_core(model, low, list(reversed(tiles))), cores_max)
+        val = _fit_cores(model, _in_core(model, low, list(reversed(tiles))), cores_max)
+        if model.target.fork_join and val["c"] > 1:
+            # not in the seed (Ascend has no such cost): on a target where using
+            # several cores costs a fork/join, one core where the model says it is faster
+            one = {**val, "c": 1, **({"k": 1} if "k" in val else {})}
+            t1, ok1 = model.probe(_point(model, one))
+            if ok1 and t1 < model.probe(_point(model, val))[0]:
+                return one
+        return val
 
     # GE: parents first -- the core split over the finest parallel tiling -- then the
     # in-core tiles from the highest priority down, kept within the core split (the

@@ -18,7 +18,11 @@ tiling"), so one model and one set of solvers serve all three:
   plus a head;
 * kernel time = max over pipes of (pipe time + its head), widened by
   ``(1 - overlap) * (sum - max)`` where pipes overlap imperfectly (a CPU core issues
-  loads and arithmetic from one instruction stream), plus the launch overhead.
+  loads and arithmetic from one instruction stream), plus the launch overhead:
+  ``launch + per_arg * tensors`` per launch (the host call and its argument
+  handling), and ``fork_join`` per launch that uses more than one core (waking the
+  thread pool and joining it: on the CPU this is what makes a small kernel slower
+  on two cores than on one).
 
 Time units are target-specific (cycles on Ascend, ns on CPU and GPU); ``unit_us``
 converts. Ascend A2 numbers are GE's published ones; the ones GE does not publish
@@ -101,6 +105,8 @@ class Target:
     launch: float  # time units per kernel launch
     overlap: float = 1.0  # 1: pipes overlap perfectly (time = bottleneck pipe)
     source: str = "defaults"  # "defaults", "published" or the calibration file
+    per_arg: float = 0.0  # time units per tensor argument (input or output) per launch
+    fork_join: float = 0.0  # time units per launch on more than one core
 
     @property
     def local_levels(self) -> tuple[BufferLevel, ...]:
@@ -271,6 +277,11 @@ def _cpu_defaults() -> Target:
         unit_us=1e-3,
         launch=1000.0,
         overlap=0.5,
+        # a TVM kernel called through TvmKernel on this VM, Nov 30 2026 (calibrate
+        # measures them per machine): ~0.5 us per argument, ~15 us to wake and join
+        # the second thread (TVM_THREAD_POOL_SPIN_COUNT=0, korch/__init__.py)
+        per_arg=500.0,
+        fork_join=15000.0,
     )
 
 
@@ -308,7 +319,7 @@ def target_from_dict(d: dict, base: Target) -> Target:
             cap = d["levels"].get(lv.name)
             levels.append(dataclasses.replace(lv, capacity=int(cap)) if cap else lv)
         changes["levels"] = tuple(levels)
-    for key in ("cores", "launch", "overlap"):
+    for key in ("cores", "launch", "overlap", "per_arg", "fork_join"):
         if key in d:
             changes[key] = d[key]
     return dataclasses.replace(base, **changes)
