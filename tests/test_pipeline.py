@@ -185,3 +185,42 @@ def test_runtime_threads_chosen_saved_and_followed(compiled):
         exe.set_threads(n)
         # a different thread count splits reductions differently: same numbers up to rounding
         assert max_rel_error(exe(feeds), want) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["attention", "candy_block"])
+def test_static_memory_plan(name, compiled):
+    # Note [Static memory plan]: generated kernels write into one arena; no two tensors
+    # live at once overlap in it, a second call does not change the first call's
+    # outputs, and the results equal the kernels' own (allocating) calls
+    from korch.executable import ARENA_ALIGN
+
+    model, _ = compiled(name)
+    exe = model.executable
+    offs = exe._arena_offsets
+    assert offs and exe.buffer_stats["arena_bytes"] >= max(offs.values())
+    assert all(o % ARENA_ALIGN == 0 for o in offs.values())
+    produced = {n: i for i, st in enumerate(exe.steps) for n in st.outputs}
+    last = {}
+    for i, st in enumerate(exe.steps):
+        for n in st.inputs:
+            last[n] = i
+    size = {n: int(np.prod(exe._arena_specs[n][0])) * exe._arena_specs[n][1].itemsize for n in offs}
+    nodes = sorted(offs)
+    for a in nodes:
+        for b in nodes:
+            if a < b and produced[a] <= last.get(b, produced[b]) and produced[b] <= last.get(a, produced[a]):
+                assert offs[a] + size[a] <= offs[b] or offs[b] + size[b] <= offs[a], (a, b)
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in exe.inputs.items()}
+    first = exe(feeds)
+    kept = {k: v.copy() for k, v in first.items()}
+    exe({n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in exe.inputs.items()})
+    for k in kept:
+        np.testing.assert_array_equal(first[k], kept[k])
+    # the same kernels through their own calls (no plan)
+    env = dict(exe.check_inputs(feeds))
+    env.update(exe.consts)
+    for st in exe.steps:
+        env.update(zip(st.outputs, st.kernel([env[i] for i in st.inputs])))
+    for k, spec in exe.outputs.items():
+        np.testing.assert_allclose(first[k], env[spec.node], rtol=1e-6, atol=1e-6)

@@ -33,6 +33,13 @@ def _aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
     return out
 
 
+def _aligned_empty(shape: tuple[int, ...], dt: np.dtype, align: int = 64) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.empty(max(1, nbytes) + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off : off + nbytes].view(dt).reshape(shape)
+
+
 @dataclasses.dataclass
 class Step:
     name: str
@@ -93,6 +100,54 @@ def plan_buffers(steps: Sequence[Step], keep: set[int], sizes: Mapping[int, int]
     return free_after, stats
 
 
+# Note [Static memory plan]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~
+# A kernel that can write into given memory (``run_into``: the generated TVM kernels)
+# gets its outputs from one arena allocated once per executable and thread, instead of
+# fresh arrays on every call: no allocation, no page faults on first touch (a
+# Segformer executable otherwise maps ~700 MB per call), no argument checks. Offsets
+# come from a first-fit plan over tensor lifetimes [producing step, last reading step];
+# a step whose backend may return views of its inputs (numpy reshapes) extends its
+# inputs' lifetimes to its outputs' (reverse pass), so a view never outlives its slot.
+# Model outputs are never planned (a later call would overwrite them); inputs of a
+# planned step that come from an unplanned one are checked as before (``arg``).
+ARENA_ALIGN = 64
+
+
+def plan_arena(steps: Sequence[Step], planned: Mapping[int, int], keep: set[int]) -> tuple[dict[int, int], int]:
+    """Byte offsets of the ``planned`` nodes (node -> bytes) in one arena, and its size."""
+    produced: dict[int, int] = {}
+    end: dict[int, int] = {}
+    for i, st in enumerate(steps):
+        for n in st.outputs:
+            produced.setdefault(n, i)
+            end.setdefault(n, i)
+        for n in st.inputs:
+            end[n] = i
+    for n in keep:
+        end[n] = len(steps)
+    for st in reversed(steps):
+        if getattr(st.kernel, "run_into", None) is None:  # may return views of its inputs
+            last = max((end.get(o, 0) for o in st.outputs), default=0)
+            for n in st.inputs:
+                end[n] = max(end.get(n, 0), last)
+    live: list[tuple[int, int, int]] = []  # (offset, size, end step)
+    offsets: dict[int, int] = {}
+    total = 0
+    for n in sorted(planned, key=lambda n: (produced[n], n)):
+        start, size = produced[n], -(-max(1, planned[n]) // ARENA_ALIGN) * ARENA_ALIGN
+        live = [blk for blk in live if blk[2] >= start]
+        off = 0
+        for o, sz, _ in sorted(live):
+            if off + size <= o:
+                break
+            off = max(off, o + sz)
+        offsets[n] = off
+        live.append((off, size, end[n]))
+        total = max(total, off + size)
+    return offsets, total
+
+
 class Executable:
     """Runs the orchestrated kernels. Call with ``{input name: array}``; returns outputs by name."""
 
@@ -117,9 +172,56 @@ class Executable:
             free_after, buffer_stats = plan_buffers(steps, keep, sizes)
         self.free_after = free_after
         self.buffer_stats = buffer_stats or {}
+        self._plan_memory(keep)
         self.cuda_graph = False  # Settings.cuda_graph; used by the device runner
         self._device_runner = None
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
+
+    def _plan_memory(self, keep: set[int]) -> None:
+        """Note [Static memory plan]."""
+        import threading
+
+        planned: dict[int, int] = {}
+        self._arena_specs: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+        for st in self.steps:
+            specs = getattr(st.kernel, "outputs", None)
+            if getattr(st.kernel, "run_into", None) is None or specs is None or len(specs) != len(st.outputs):
+                continue
+            for n, sp in zip(st.outputs, specs):
+                if n not in keep:
+                    dt = np.dtype(sp.dtype)
+                    planned[n] = int(np.prod(sp.shape, dtype=np.int64)) * dt.itemsize
+                    self._arena_specs[n] = (tuple(sp.shape), dt)
+        self._arena_offsets, self._arena_bytes = plan_arena(self.steps, planned, keep)
+        self.buffer_stats = {**self.buffer_stats, "arena_bytes": self._arena_bytes, "arena_tensors": len(planned)}
+        # per step: None (the kernel's own call) or (input is safe, output kinds)
+        safe = set(self._arena_offsets) | {s.node for s in self.inputs.values()} | set(self.consts)
+        self._fast: list[tuple[tuple[bool, ...], tuple[tuple[int, ...], np.dtype, bool]] | None] = []
+        for st in self.steps:
+            if getattr(st.kernel, "run_into", None) is None or st.kernel is None:
+                self._fast.append(None)
+                continue
+            specs = st.kernel.outputs  # type: ignore[attr-defined]
+            outs = tuple(
+                (tuple(sp.shape), np.dtype(sp.dtype), n in self._arena_offsets) for n, sp in zip(st.outputs, specs)
+            )
+            self._fast.append((tuple(i in safe for i in st.inputs), outs))
+            # a fresh output of a generated kernel is aligned too
+            safe.update(st.outputs)
+        self._local = threading.local()
+
+    def _arena(self) -> dict[int, np.ndarray]:
+        views = getattr(self._local, "views", None)
+        if views is None:
+            buf = np.empty(self._arena_bytes + ARENA_ALIGN, dtype=np.uint8)
+            base = (-buf.ctypes.data) % ARENA_ALIGN
+            views = {}
+            for n, off in self._arena_offsets.items():
+                shape, dt = self._arena_specs[n]
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                views[n] = buf[base + off : base + off + nbytes].view(dt).reshape(shape)
+            self._local.views, self._local.buf = views, buf
+        return views
 
     def set_threads(self, num_threads: int) -> None:
         """Note [Runtime threads]
@@ -171,13 +273,37 @@ class Executable:
             return runner(feeds)
         env = self.check_inputs(feeds)
         env.update(self.consts)
-        for step, free in zip(self.steps, self.free_after):
-            outs = step.kernel([env[i] for i in step.inputs])  # type: ignore[misc]
+        arena = self._arena()
+        for step, free, fast in zip(self.steps, self.free_after, self._fast):
+            k = step.kernel
+            if fast is None:
+                outs = k([env[i] for i in step.inputs])  # type: ignore[misc]
+            else:  # Note [Static memory plan]
+                safe, out_specs = fast
+                args = []
+                for j, (i, ok) in enumerate(zip(step.inputs, safe)):
+                    a = env[i]
+                    if not ok:
+                        a = k.arg(j, a)  # type: ignore[union-attr]
+                    elif a.shape != k.inputs[j].shape:  # type: ignore[union-attr]
+                        a = a.reshape(k.inputs[j].shape)  # type: ignore[union-attr]
+                    args.append(a)
+                outs = [
+                    arena[n] if planned else _aligned_empty(shape, dt)
+                    for n, (shape, dt, planned) in zip(step.outputs, out_specs)
+                ]
+                k.run_into(args, outs)  # type: ignore[union-attr]
             for nid, val in zip(step.outputs, outs):
                 env[nid] = val
             for nid in free:
                 env.pop(nid, None)
-        return {name: env[spec.node] for name, spec in self.outputs.items()}
+        buf = self._local.buf
+        # an output that is a view of the arena (a reshape of a planned tensor) is copied:
+        # the next call would overwrite it
+        return {
+            name: (v.copy() if np.may_share_memory(v, buf) else v)
+            for name, v in ((name, env[spec.node]) for name, spec in self.outputs.items())
+        }
 
     # --- persistence -----------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

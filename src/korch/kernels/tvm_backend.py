@@ -182,25 +182,37 @@ class TvmKernel(CompiledKernel):
         self.hidden = [_from_dlpack(h) for h in hidden]
         self._hidden_np = hidden
 
+    def arg(self, i: int, x: np.ndarray) -> np.ndarray:
+        """Input ``i`` as the generated code takes it: the array itself when it already
+        is C-ordered, ALIGN-byte aligned, writable and of the right dtype, else an
+        aligned staging copy (Note [TVM buffer alignment])."""
+        spec, dt = self.inputs[i], self._in_dtypes[i]
+        a = x if type(x) is np.ndarray else np.asarray(x)
+        if a.shape != spec.shape:
+            a = a.reshape(spec.shape)
+        if (
+            a.dtype != dt
+            or not a.flags.c_contiguous
+            or not a.flags.writeable  # DLPack refuses read-only arrays
+            or _address(a) % ALIGN
+        ):
+            a = _aligned_copy(np.asarray(a, dtype=dt, order="C"))
+        return a
+
+    def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
+        """Run on ``args`` (as ``arg`` returns them) writing ``outs`` (aligned, C order,
+        the output specs' shapes and dtypes): the executable's planned path, no checks."""
+        self.func(*args, *outs, *self.hidden)
+
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         # Note [Kernel call overhead]: numpy arrays go to the TVM function as they are
         # (tvm_ffi takes them through __dlpack__, ~0.6 us an argument); what the
         # generated code assumes (C order, ALIGN-byte data, writable for DLPack) is
         # checked with flag reads and ``_address``. Converting each array to a tvm
         # Tensor first, as before, cost ~10 us more per call on a 3-argument kernel.
-        args = []
-        for x, spec, dt in zip(inputs, self.inputs, self._in_dtypes):
-            a = x if type(x) is np.ndarray else np.asarray(x)
-            if a.shape != spec.shape:
-                a = a.reshape(spec.shape)
-            if (
-                a.dtype != dt
-                or not a.flags.c_contiguous
-                or not a.flags.writeable  # DLPack refuses read-only arrays
-                or _address(a) % ALIGN
-            ):
-                a = _aligned_copy(np.asarray(a, dtype=dt, order="C"))
-            args.append(a)
+        # The executable skips both the checks and the output allocation where its
+        # memory plan allows (Note [Static memory plan] in korch/executable).
+        args = [self.arg(i, x) for i, x in enumerate(inputs)]
         # all outputs carved out of one aligned allocation
         buf = np.empty(self._out_bytes + ALIGN, dtype=np.uint8)
         base = (-_address(buf)) % ALIGN

@@ -199,7 +199,7 @@ class WorkerPool:
             raise RuntimeError(f"the measurement worker did not start ({kind})")
 
     def _kill(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and self._proc.pid is not None:  # None: start() failed
             self._proc.kill()
             self._proc.join(5)
         self._proc = self._conn = None
