@@ -19,8 +19,8 @@ from korch.ir import GraphBuilder, Op, evaluate
 
 tvm = pytest.importorskip("tvm")
 
-from korch.kernels.base import get_backend  # noqa: E402
-from korch.kernels.tvm_backend import TvmBackend, aligned_empty, prepare  # noqa: E402
+from korch.kernels.base import aligned_empty, get_backend  # noqa: E402
+from korch.kernels.tvm_backend import TvmBackend, prepare  # noqa: E402
 from korch.kernels.tvm_tiling import TileConfig, default_tile_config  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6

@@ -19,25 +19,9 @@ from typing import Any
 import numpy as np
 
 from korch.errors import InputError, KorchError
-from korch.kernels.base import CompiledKernel
+from korch.kernels.base import ALIGN, CompiledKernel, aligned_copy, aligned_empty
 
 PLAN_VERSION = 1
-
-
-def _aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
-    a = np.asarray(a)
-    buf = np.empty(a.nbytes + align, dtype=np.uint8)
-    off = (-buf.ctypes.data) % align
-    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
-
-
-def _aligned_empty(shape: tuple[int, ...], dt: np.dtype, align: int = 64) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    buf = np.empty(max(1, nbytes) + align, dtype=np.uint8)
-    off = (-buf.ctypes.data) % align
-    return buf[off : off + nbytes].view(dt).reshape(shape)
 
 
 @dataclasses.dataclass
@@ -111,7 +95,7 @@ def plan_buffers(steps: Sequence[Step], keep: set[int], sizes: Mapping[int, int]
 # inputs' lifetimes to its outputs' (reverse pass), so a view never outlives its slot.
 # Model outputs are never planned (a later call would overwrite them); inputs of a
 # planned step that come from an unplanned one are checked as before (``arg``).
-ARENA_ALIGN = 64
+ARENA_ALIGN = ALIGN
 
 
 def plan_arena(steps: Sequence[Step], planned: Mapping[int, int], keep: set[int]) -> tuple[dict[int, int], int]:
@@ -164,7 +148,7 @@ class Executable:
         self.outputs = outputs
         # Constants live in writable, 64-byte-aligned memory so every backend takes them
         # without a per-call copy (DLPack refuses read-only arrays, TVM wants alignment).
-        self.consts = {k: _aligned(v) for k, v in consts.items()}
+        self.consts = {k: aligned_copy(v) for k, v in consts.items()}
         self.steps = steps
         keep = {s.node for s in outputs.values()}
         sizes = {}
@@ -255,7 +239,7 @@ class Executable:
             # one aligned copy here, not a staging copy in every generated kernel
             # that reads it (Note [TVM buffer alignment])
             ok = arr.flags.c_contiguous and arr.flags.writeable and arr.ctypes.data % 64 == 0
-            env[spec.node] = arr if ok else _aligned(arr)
+            env[spec.node] = arr if ok else aligned_copy(arr)
         return env
 
     def device_runner(self):
@@ -289,7 +273,7 @@ class Executable:
                         a = a.reshape(k.inputs[j].shape)  # type: ignore[union-attr]
                     args.append(a)
                 outs = [
-                    arena[n] if planned else _aligned_empty(shape, dt)
+                    arena[n] if planned else aligned_empty(shape, dt)
                     for n, (shape, dt, planned) in zip(step.outputs, out_specs)
                 ]
                 k.run_into(args, outs)  # type: ignore[union-attr]

@@ -19,6 +19,25 @@ import numpy as np
 
 from korch.ir.graph import Graph
 
+ALIGN = 64  # bytes: what generated kernels assume of every buffer (Note [TVM buffer alignment])
+
+
+def aligned_empty(shape: Sequence[int], dtype: str | np.dtype, align: int = ALIGN) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data is ``align``-byte aligned."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    buf = np.empty(max(1, nbytes) + align, dtype=np.uint8)
+    off = (-buf.ctypes.data) % align
+    return buf[off : off + nbytes].view(dt).reshape(tuple(shape))
+
+
+def aligned_copy(a: np.ndarray, align: int = ALIGN) -> np.ndarray:
+    """A writable, C-contiguous, ``align``-byte-aligned copy of ``a``."""
+    a = np.asarray(a)
+    out = aligned_empty(a.shape, a.dtype, align)
+    out[...] = a
+    return out
+
 
 class CompiledKernel(abc.ABC):
     backend: str = ""

@@ -11,7 +11,7 @@ Note [TVM buffer alignment]
 TVM assumes every buffer argument is 64-byte aligned and emits aligned vector loads,
 so a misaligned numpy array crashes the process. ``TvmKernel.__call__`` copies a
 misaligned (or non-contiguous, or wrongly typed) input into an aligned staging array
-it owns; callers that care about that copy allocate inputs with ``aligned_empty``.
+it owns; callers that care about that copy allocate inputs with ``korch.kernels.base.aligned_empty``.
 Outputs are fresh aligned arrays on every call, never overwritten by a later call.
 
 Threads: TVM's runtime pool reads ``TVM_NUM_THREADS`` when it starts; this module sets
@@ -35,10 +35,9 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
-from korch.kernels.base import Backend, CompiledKernel, register
+from korch.kernels.base import ALIGN, Backend, CompiledKernel, aligned_copy, register
 from korch.kernels.tvm_tiling import TileConfig, default_tile_config
 
-ALIGN = 64
 _state: dict[str, Any] = {"threads": None}
 
 
@@ -66,16 +65,6 @@ def _set_threads(num_threads: int) -> None:
         _state["threads"] = num_threads
 
 
-def aligned_empty(shape: Sequence[int], dtype: str | np.dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data is ``ALIGN``-byte aligned."""
-    dtype = np.dtype(dtype)
-    size = math.prod(shape)
-    nbytes = max(1, size) * dtype.itemsize
-    buf = np.empty(nbytes + ALIGN, dtype=np.uint8)
-    off = (-_address(buf)) % ALIGN
-    return buf[off : off + nbytes].view(dtype)[:size].reshape(shape)
-
-
 def _address(a: np.ndarray) -> int:
     """Data address of a writable C-contiguous array: 0.8 us, against 2-3 us for
     ``a.ctypes.data`` or ``a.__array_interface__`` (measured here, numpy 2.4)."""
@@ -87,12 +76,6 @@ def _from_dlpack(a: np.ndarray):
 
     # no alignment check here (its failure raises, which costs ~60 us); callers check
     return tvm_ffi.from_dlpack(a, require_alignment=0, require_contiguous=True)
-
-
-def _aligned_copy(a: np.ndarray) -> np.ndarray:
-    out = aligned_empty(a.shape, a.dtype)
-    out[...] = a
-    return out
 
 
 _HOST: dict[int, Any] = {}
@@ -150,7 +133,7 @@ def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None) -
     outs = [
         _Spec(kgraph.nodes[kgraph.outputs[n]].shape, kgraph.nodes[kgraph.outputs[n]].dtype) for n in lw.output_names
     ]
-    return Prepared(func, ins, outs, [_aligned_copy(h) for h in lw.hidden], config, report)
+    return Prepared(func, ins, outs, [aligned_copy(h) for h in lw.hidden], config, report)
 
 
 # (id(library), folder) -> (library, file name) of libraries already exported by save()
@@ -196,7 +179,7 @@ class TvmKernel(CompiledKernel):
             or not a.flags.writeable  # DLPack refuses read-only arrays
             or _address(a) % ALIGN
         ):
-            a = _aligned_copy(np.asarray(a, dtype=dt, order="C"))
+            a = aligned_copy(np.asarray(a, dtype=dt, order="C"))
         return a
 
     def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
@@ -349,7 +332,7 @@ class TvmBackend(Backend):
         lib = tvm.runtime.load_module(str(directory / meta["library"]))
         ins = [_Spec(tuple(s), d) for s, d in meta["inputs"]]
         outs = [_Spec(tuple(s), d) for s, d in meta["outputs"]]
-        hidden = [_aligned_copy(np.load(directory / h)) for h in meta["hidden"]]
+        hidden = [aligned_copy(np.load(directory / h)) for h in meta["hidden"]]
         return TvmKernel(lib, meta["symbol"], ins, outs, hidden, {})
 
     def version(self) -> str:

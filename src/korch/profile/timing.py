@@ -10,16 +10,7 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.interp import evaluate
 from korch.ir.ops import Op
-
-
-def aligned(a: np.ndarray, align: int = 64) -> np.ndarray:
-    """A C-contiguous, writable copy of ``a`` whose data is ``align``-byte aligned."""
-    a = np.asarray(a)
-    buf = np.empty(max(1, a.nbytes) + align, dtype=np.uint8)
-    off = (-buf.ctypes.data) % align
-    out = buf[off : off + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
+from korch.kernels.base import aligned_copy
 
 
 def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -> list[np.ndarray]:
@@ -39,7 +30,7 @@ def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -
             a = rng.integers(0, 4, node.shape).astype(node.dtype)
         else:
             a = rng.standard_normal(node.shape).astype(node.dtype)
-        out.append(aligned(a))
+        out.append(aligned_copy(a))
     return out
 
 
