@@ -165,45 +165,33 @@ class Executable:
         """Note [Static memory plan]."""
         import threading
 
-        planned: dict[int, int] = {}
+        # per step: None (the kernel's own call) or (whether each input is known to be
+        # aligned, (shape, dtype, planned) per output)
+        self._fast: list[tuple[tuple[bool, ...], tuple[tuple[tuple[int, ...], np.dtype, bool], ...]] | None] = []
         self._arena_specs: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+        aligned = {s.node for s in self.inputs.values()} | set(self.consts)
         for st in self.steps:
             specs = getattr(st.kernel, "outputs", None)
             if getattr(st.kernel, "run_into", None) is None or specs is None or len(specs) != len(st.outputs):
-                continue
-            for n, sp in zip(st.outputs, specs):
-                if n not in keep:
-                    dt = np.dtype(sp.dtype)
-                    planned[n] = int(np.prod(sp.shape, dtype=np.int64)) * dt.itemsize
-                    self._arena_specs[n] = (tuple(sp.shape), dt)
-        self._arena_offsets, self._arena_bytes = plan_arena(self.steps, planned, keep)
-        self.buffer_stats = {**self.buffer_stats, "arena_bytes": self._arena_bytes, "arena_tensors": len(planned)}
-        # per step: None (the kernel's own call) or (input is safe, output kinds)
-        safe = set(self._arena_offsets) | {s.node for s in self.inputs.values()} | set(self.consts)
-        self._fast: list[tuple[tuple[bool, ...], tuple[tuple[int, ...], np.dtype, bool]] | None] = []
-        for st in self.steps:
-            if getattr(st.kernel, "run_into", None) is None or st.kernel is None:
                 self._fast.append(None)
                 continue
-            specs = st.kernel.outputs  # type: ignore[attr-defined]
-            outs = tuple(
-                (tuple(sp.shape), np.dtype(sp.dtype), n in self._arena_offsets) for n, sp in zip(st.outputs, specs)
-            )
-            self._fast.append((tuple(i in safe for i in st.inputs), outs))
-            # a fresh output of a generated kernel is aligned too
-            safe.update(st.outputs)
+            outs = tuple((tuple(sp.shape), np.dtype(sp.dtype), n not in keep) for n, sp in zip(st.outputs, specs))
+            self._arena_specs.update((n, (shape, dt)) for n, (shape, dt, planned) in zip(st.outputs, outs) if planned)
+            self._fast.append((tuple(i in aligned for i in st.inputs), outs))
+            aligned.update(st.outputs)  # arena slots and fresh outputs alike
+        sizes = {n: int(np.prod(shape, dtype=np.int64)) * dt.itemsize for n, (shape, dt) in self._arena_specs.items()}
+        self._arena_offsets, self._arena_bytes = plan_arena(self.steps, sizes, keep)
+        self.buffer_stats = {**self.buffer_stats, "arena_bytes": self._arena_bytes, "arena_tensors": len(sizes)}
         self._local = threading.local()
 
     def _arena(self) -> dict[int, np.ndarray]:
         views = getattr(self._local, "views", None)
         if views is None:
-            buf = np.empty(self._arena_bytes + ARENA_ALIGN, dtype=np.uint8)
-            base = (-buf.ctypes.data) % ARENA_ALIGN
+            buf = aligned_empty((self._arena_bytes,), np.uint8)
             views = {}
             for n, off in self._arena_offsets.items():
                 shape, dt = self._arena_specs[n]
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                views[n] = buf[base + off : base + off + nbytes].view(dt).reshape(shape)
+                views[n] = buf[off : off + int(np.prod(shape, dtype=np.int64)) * dt.itemsize].view(dt).reshape(shape)
             self._local.views, self._local.buf = views, buf
         return views
 
@@ -238,7 +226,7 @@ class Executable:
                 raise InputError(f"input {name!r}: dtype {arr.dtype}, expected {spec.dtype}")
             # one aligned copy here, not a staging copy in every generated kernel
             # that reads it (Note [TVM buffer alignment])
-            ok = arr.flags.c_contiguous and arr.flags.writeable and arr.ctypes.data % 64 == 0
+            ok = arr.flags.c_contiguous and arr.flags.writeable and arr.ctypes.data % ALIGN == 0
             env[spec.node] = arr if ok else aligned_copy(arr)
         return env
 

@@ -226,7 +226,7 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
         out["launch_raw_us"] = [f["launch_raw_us"] for f in fits]
         # the per-element costs of the code korch generates replace numpy's; numpy's
         # per-call constant (~1 us of Python dispatch) is not a cost a generated loop pays
-        out["vec"] = {**vec, **calibrate_vec_generated(repeat)}
+        out["vec"] = {**vec, **calibrate_vec_generated()}
         out["vec_numpy"] = vec
     except ImportError:  # no TVM: the numpy-based vector costs and default launch terms stay
         pass
@@ -239,6 +239,23 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(out, indent=1))
     return out
+
+
+def _generated_timer(g, threads: int, parallel: bool, rng: np.random.Generator) -> Callable[[], float]:
+    """Build ``g`` as a generated TVM kernel (the rule's tiling, ``parallel`` forced) and
+    return a timer: each call gives the median per-call time in us, through
+    ``TvmKernel.__call__`` as the profiler times it, on positive aligned inputs."""
+    import dataclasses as dc
+
+    from korch.kernels.base import aligned_copy
+    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm_tiling import default_tile_config
+    from korch.profile.timing import median, random_inputs, time_kernel
+
+    cfg = dc.replace(default_tile_config(g, threads, vector_bytes()), parallel=parallel)
+    k = TvmBackend().build(g, {}, threads, tile_config=cfg)
+    args = [aligned_copy(np.abs(a) + 0.5) for a in random_inputs(g, {}, int(rng.integers(1 << 30)))]
+    return lambda: median(time_kernel(k, args, 5, 5, 2.0))
 
 
 # vector API -> (primitive, arity) for calibrate_vec_generated
@@ -258,19 +275,13 @@ VEC_CALL_NS = 5.0  # per API call per tile in a generated loop nest (loop set-up
 ADD_NS = 0.05  # a float32 add per element, vectorised 16 wide at ~3 GHz, assumed
 
 
-def calibrate_vec_generated(repeat: int = 7) -> dict[str, list[float]]:
+def calibrate_vec_generated() -> dict[str, list[float]]:
     """Per-element vector costs (ns, float32) of generated kernels, one thread, data in
     L2: the slope of time against size of ``y = op(x[, x2])``, less the slope of a
     copy (``y = -x``) of the same sizes, which carries the loads and stores the model
     prices in its transfer pipes. Rows for ``reduce`` (a row sum) and ``transpose``."""
-    import dataclasses as dc
-
     from korch.ir import GraphBuilder, Op
-    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
-    from korch.kernels.tvm_tiling import default_tile_config
-    from korch.profile.timing import median, time_kernel
 
-    be, vb = TvmBackend(), vector_bytes()
     rng = np.random.default_rng(0)
     sizes = (4096, 32768)
 
@@ -293,10 +304,8 @@ def calibrate_vec_generated(repeat: int = 7) -> dict[str, list[float]]:
     def slope(op: str, arity: int) -> float:
         ts = []
         for n in sizes:
-            g = unary_or_binary(op, arity, n)
-            k = be.build(g, {}, 1, tile_config=dc.replace(default_tile_config(g, 1, vb), parallel=False))
-            args = [(np.abs(rng.standard_normal(g.nodes[i].shape)) + 0.5).astype(np.float32) for i in g.inputs.values()]
-            ts.append(min(median(time_kernel(k, args, 5, 5, 2.0)) for _ in range(3)))
+            timer = _generated_timer(unary_or_binary(op, arity, n), 1, False, rng)
+            ts.append(min(timer() for _ in range(3)))
         return max((ts[1] - ts[0]) * 1e3 / (sizes[1] - sizes[0]), 0.0)  # ns per element
 
     # baselines carry the loads and stores: a copy for unary ops; for binary ops an add,
@@ -313,17 +322,12 @@ def calibrate_vec_generated(repeat: int = 7) -> dict[str, list[float]]:
 
 def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     """Launch terms of the CPU target from generated kernels called the way the
-    executable calls them (``TvmKernel.__call__``), medians as profiling takes them:
-    ``launch + per_arg * tensors`` from tiny copy kernels with 2, 3 and 4 tensors
-    (a linear fit in the tensor count), ``fork_join`` from the same small kernel
-    scheduled on one thread and on ``cores`` (the work is a few hundred ns, so the
-    difference is waking and joining the pool)."""
-    import dataclasses as dc
-
+    profiler calls them (``TvmKernel.__call__``; each sample a median of calls, the best
+    of ``repeat`` interleaved rounds): ``launch + per_arg * tensors`` from tiny kernels
+    with 2, 3 and 4 tensors (a linear fit in the tensor count), ``fork_join`` from a
+    4096-element kernel scheduled on one thread and on ``cores`` (the work is a few
+    hundred ns, so the difference is waking and joining the pool)."""
     from korch.ir import GraphBuilder, Op
-    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
-    from korch.kernels.tvm_tiling import default_tile_config
-    from korch.profile.timing import median, time_kernel
 
     def graph(n_in: int, n: int):
         b = GraphBuilder()
@@ -334,20 +338,12 @@ def calibrate_launch(cores: int, repeat: int = 7) -> dict:
         b.output("out0", b.unary(Op.NEG, y) if n_in == 1 else y)
         return b.graph
 
-    be, vb = TvmBackend(), vector_bytes()
     rng = np.random.default_rng(0)
-
-    def runner(g, parallel: bool):
-        cfg = dc.replace(default_tile_config(g, cores, vb), parallel=parallel)
-        k = be.build(g, {}, cores, tile_config=cfg)
-        args = [rng.standard_normal(g.nodes[i].shape).astype(np.float32) for i in g.inputs.values()]
-        return lambda: median(time_kernel(k, args, 10, 5, 2.0))
-
     counts = [2, 3, 4]
-    kernels = [runner(graph(n - 1, 64), False) for n in counts]
+    kernels = [_generated_timer(graph(n - 1, 64), cores, False, rng) for n in counts]
     if cores > 1:
         g = graph(2, 4096)
-        kernels += [runner(g, False), runner(g, True)]
+        kernels += [_generated_timer(g, cores, False, rng), _generated_timer(g, cores, True, rng)]
     # rounds interleave the kernels; the best round per kernel (each a median of
     # calls): microsecond calls on this VM vary 2x from one process state to the next
     rounds = [[k() for k in kernels] for _ in range(max(5, repeat))]

@@ -277,9 +277,9 @@ def _cpu_defaults() -> Target:
         unit_us=1e-3,
         launch=1000.0,
         overlap=0.5,
-        # a TVM kernel called through TvmKernel on this VM, Nov 30 2026 (calibrate
-        # measures them per machine): ~0.5 us per argument, ~15 us to wake and join
-        # the second thread (TVM_THREAD_POOL_SPIN_COUNT=0, korch/__init__.py)
+        # uncalibrated guesses; `python -m korch.tiling.calibrate` measures them (this
+        # VM, Nov 30 2026: ~5.6 us per argument through TvmKernel, ~13 us to wake and
+        # join the second thread with TVM_THREAD_POOL_SPIN_COUNT=0, korch/__init__.py)
         per_arg=500.0,
         fork_join=15000.0,
     )
