@@ -27,14 +27,8 @@ pytest.importorskip("triton")
 
 from korch.ir import GraphBuilder, Op, evaluate  # noqa: E402
 from korch.kernels.triton_backend import TritonBackend  # noqa: E402
-from korch.kernels.triton_lower import (  # noqa: E402
-    MAX_TILE,
-    TritonConfig,
-    choose_and_generate,
-    heuristic_config,
-    model_tile,
-    unsupported_reason,
-)
+from korch.kernels.triton_lower import TritonConfig, unsupported_reason  # noqa: E402
+from korch.kernels.triton_tiling import MAX_TILE, choose_and_generate, heuristic_config, model_tile  # noqa: E402
 from korch.tiling import examples as E  # noqa: E402
 
 F = "float32"

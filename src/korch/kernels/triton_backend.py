@@ -1,6 +1,6 @@
 """The Triton backend (``cuda`` target): memory-bound candidates -> one generated Triton kernel each.
 
-``triton_lower.choose_and_generate`` writes the kernel as Python source (Note [Triton
+``triton_tiling.choose_and_generate`` writes the kernel as Python source (Note [Triton
 row tiles]); the source is written to a file (Triton's JIT reads its function's source
 from disk), imported, and launched on the kernel's grid with the chosen warps and
 stages. Kernels are device kernels (Note [Device kernels]): without a GPU they run
@@ -28,7 +28,8 @@ from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
 from korch.kernels import device as D
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.triton_lower import TritonConfig, TritonSource, choose_and_generate, unsupported_reason
+from korch.kernels.triton_lower import TritonConfig, TritonSource, unsupported_reason
+from korch.kernels.triton_tiling import choose_and_generate
 
 if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
     raise ImportError("triton and torch are needed for the triton backend")

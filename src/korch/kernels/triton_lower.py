@@ -32,7 +32,8 @@ Outputs other than the anchor are stored from the same tile: through a projectio
 onto anchor dims of equal extent (the anchor index being 0 on the other dims), or, if
 that needs an infeasible reduction, through the anchor's flat index.
 
-This module is pure Python (no triton import): it produces source text.
+This module is pure Python (no triton import): it produces source text. Index
+arithmetic lives in ``triton_index``, the choice of tiling in ``triton_tiling``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
+from korch.kernels.triton_index import (
+    C,
+    Ix,
+    _paren,
+    _pow2_ceil,
+    flatten,
+    ix_add,
+    ix_max,
+    ix_min,
+    ix_mul,
+    ix_sub,
+    reshape_index,
+    unflatten,
+)
 
 SUPPORTED_DTYPES = ("float32", "float16", "float64", "int64", "int32", "int8", "uint8", "bool")
 _FLOAT = ("float32", "float16", "float64")
@@ -123,132 +138,6 @@ class TritonSource:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
 
-# --- index expressions ---------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Ix:
-    code: str
-    deps: frozenset[str] = frozenset()
-    const: int | None = None
-
-
-def C(v: int) -> Ix:
-    return Ix(str(int(v)), frozenset(), int(v))
-
-
-def _paren(code: str) -> str:
-    return code if code.isidentifier() or code.lstrip("-").isdigit() else f"({code})"
-
-
-def ix_add(a: Ix, b: Ix) -> Ix:
-    if a.const is not None and b.const is not None:
-        return C(a.const + b.const)
-    if a.const == 0:
-        return b
-    if b.const == 0:
-        return a
-    if b.const is not None and b.const < 0:
-        return Ix(f"{a.code} - {-b.const}", a.deps)
-    return Ix(f"{a.code} + {b.code}", a.deps | b.deps)
-
-
-def ix_sub(a: Ix, b: Ix) -> Ix:
-    if b.const is not None:
-        return ix_add(a, C(-b.const))
-    if a.const is not None and a.const == 0:
-        return Ix(f"-{_paren(b.code)}", b.deps)
-    return Ix(f"{a.code} - {_paren(b.code)}", a.deps | b.deps)
-
-
-def ix_mul(a: Ix, c: int) -> Ix:
-    if a.const is not None:
-        return C(a.const * c)
-    if c == 0:
-        return C(0)
-    if c == 1:
-        return a
-    return Ix(f"{_paren(a.code)} * {c}", a.deps)
-
-
-def ix_div(a: Ix, c: int) -> Ix:
-    """Floor division of a non-negative index by a positive constant."""
-    if a.const is not None:
-        return C(a.const // c)
-    if c == 1:
-        return a
-    return Ix(f"{_paren(a.code)} // {c}", a.deps)
-
-
-def ix_mod(a: Ix, c: int) -> Ix:
-    if a.const is not None:
-        return C(a.const % c)
-    if c == 1:
-        return C(0)
-    return Ix(f"{_paren(a.code)} % {c}", a.deps)
-
-
-def ix_min(a: Ix, c: int) -> Ix:
-    if a.const is not None:
-        return C(min(a.const, c))
-    return Ix(f"tl.minimum({a.code}, {c})", a.deps)
-
-
-def ix_max(a: Ix, c: int) -> Ix:
-    if a.const is not None:
-        return C(max(a.const, c))
-    return Ix(f"tl.maximum({a.code}, {c})", a.deps)
-
-
-def flatten(idx: list[Ix], shape: tuple[int, ...]) -> Ix:
-    flat = C(0)
-    for i, d in zip(idx, shape):
-        flat = ix_add(ix_mul(flat, d), i)
-    return flat
-
-
-def unflatten(flat: Ix, shape: tuple[int, ...], total: int | None = None) -> list[Ix]:
-    """Row-major multi-index of ``flat`` in ``shape``; the leading division needs no modulo
-    when ``flat < prod(shape)`` (``total`` = its bound, if known)."""
-    out: list[Ix] = []
-    stride = 1
-    strides = []
-    for d in reversed(shape):
-        strides.append(stride)
-        stride *= d
-    strides.reverse()
-    for k, (d, s) in enumerate(zip(shape, strides)):
-        if d == 1:
-            out.append(C(0))
-            continue
-        q = ix_div(flat, s)
-        out.append(q if k == 0 and (total is None or total <= stride) else ix_mod(q, d))
-    return out
-
-
-def reshape_index(idx: list[Ix], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> list[Ix]:
-    """Index of ``in_shape`` for an index of ``out_shape`` (same element count), matching
-    equal leading and trailing dims so that common reshapes stay cheap."""
-    out_l, in_l, idx_l = list(out_shape), list(in_shape), list(idx)
-    head: list[Ix] = []
-    while out_l and in_l and out_l[0] == in_l[0]:
-        head.append(idx_l.pop(0))
-        out_l.pop(0)
-        in_l.pop(0)
-    tail: list[Ix] = []
-    while out_l and in_l and out_l[-1] == in_l[-1]:
-        tail.insert(0, idx_l.pop())
-        out_l.pop()
-        in_l.pop()
-    mid_idx = [i for i, d in zip(idx_l, out_l) if d != 1]
-    mid_out = tuple(d for d in out_l if d != 1)
-    if not in_l:
-        mid: list[Ix] = []
-    elif not mid_out:
-        mid = [C(0) for _ in in_l]
-    else:
-        mid = unflatten(flatten(mid_idx, mid_out), tuple(in_l), math.prod(mid_out))
-    return head + mid + tail
-
-
 def _literal(value, dtype: str) -> str:
     if dtype == "bool":
         return "True" if value else "False"
@@ -260,14 +149,6 @@ def _literal(value, dtype: str) -> str:
             return 'float("inf")' if v > 0 else 'float("-inf")'
         return repr(v)
     return str(int(value))
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << max(0, int(n).bit_length() - 1)
 
 
 @dataclasses.dataclass
@@ -790,89 +671,3 @@ def generate(g: Graph, cfg: TritonConfig, name: str = "korch_kernel") -> TritonS
     inputs = [(g.nodes[n].shape, g.nodes[n].dtype) for n in g.inputs.values()]
     outputs = [(g.nodes[n].shape, g.nodes[n].dtype) for n in out_ids]
     return TritonSource(text, name, gen.grid, inputs, outputs, gen.hidden, cfg)
-
-
-# --- choosing the tiling -------------------------------------------------------------------
-MAX_ROW = 16384  # widest row a program holds whole (reductions over the columns)
-MAX_TILE = 4096  # elements per program, GPU
-MAX_TILE_INTERPRET = 1 << 16  # the interpreter runs programs one by one: fewer, larger ones
-REDUCE_CHUNK = 2048
-
-
-def _warps(elements: int) -> int:
-    return max(1, min(8, _pow2_floor(max(1, elements // 256))))
-
-
-def heuristic_config(
-    g: Graph, outer_axes: int, interpret: bool = False, cores: int = 132, model_tile: int | None = None
-) -> TritonConfig:
-    """Block sizes for one ``outer_axes`` by rule; ``model_tile`` (elements per program from
-    the tiling model) replaces the rule's tile size when given. Under the interpreter
-    (``interpret``), which runs programs one after another, tiles are as large as
-    possible: the generated code is the same, with fewer and larger programs."""
-    shape = g.nodes[_anchor(g)].shape
-    M = math.prod(shape[:outer_axes])
-    N = math.prod(shape[outer_axes:])
-    reduce = _has_reduce(g)
-    cap = MAX_TILE_INTERPRET if interpret else MAX_TILE
-    tile = cap if model_tile is None or interpret else max(128, min(cap, _pow2_floor(model_tile)))
-    if reduce and N <= MAX_ROW:
-        bn = _pow2_ceil(N)
-    else:
-        bn = min(_pow2_ceil(N), tile)
-    bm = max(1, min(_pow2_ceil(M), tile // bn))
-    if not interpret:
-        n_tiles = -(-N // bn)
-        while bm > 1 and -(-M // bm) * n_tiles < 2 * cores:
-            bm //= 2
-    bk = min(_pow2_ceil(max(1, N)), MAX_ROW) if reduce else 1
-    bk = max(bk, REDUCE_CHUNK)
-    elements = bm * bn
-    stages = 2 if reduce and _max_reduce_extent(g) > bk else 1
-    return TritonConfig(
-        outer_axes, bm, bn, bk, _warps(elements), stages, "heuristic" if model_tile is None else "model"
-    )
-
-
-def _max_reduce_extent(g: Graph) -> int:
-    best = 0
-    for n in g.nodes:
-        if n.op in GroupOp.REDUCE:
-            s = g.nodes[n.inputs[0]].shape
-            best = max(best, math.prod(s[a] for a in n.attr("axes")))
-    return best
-
-
-def model_tile(g: Graph) -> tuple[int, float] | None:
-    """Elements per program and predicted time from the auto-tiling model (cuda target)."""
-    try:
-        from korch.tiling import solve
-
-        sol = solve(g, "cuda", "axis-ge")
-    except Exception:  # noqa: BLE001 - the model is advisory; the heuristic takes over
-        return None
-    if sol is None:
-        return None
-    return math.prod(sol.tiles), sol.time_us
-
-
-def choose_and_generate(
-    g: Graph, interpret: bool = False, use_model: bool = True, config: TritonConfig | None = None
-) -> TritonSource:
-    """Generate ``g`` with ``config``, or with the first feasible ``outer_axes`` (fewest rows)
-    and block sizes from the tiling model (fallback: the heuristic)."""
-    if config is not None:
-        return generate(g, config)
-    rank = len(g.nodes[_anchor(g)].shape)
-    # under the interpreter the model's tile would be overridden (heuristic_config): skip its solve
-    mt = model_tile(g) if use_model and not interpret else None
-    last: Exception | None = None
-    for p in range(rank + 1):
-        cfg = heuristic_config(g, p, interpret, model_tile=mt[0] if mt else None)
-        if mt:
-            cfg = dataclasses.replace(cfg, predicted_us=mt[1])
-        try:
-            return generate(g, cfg)
-        except Infeasible as e:
-            last = e
-    raise ValueError(f"triton backend: no feasible row tiling ({last})")
