@@ -14,7 +14,9 @@ them alike.
 databases, order alternated between models); prints candidates enumerated, measured,
 rounds, total optimize time, the Spearman rank correlation of predicted vs measured
 latency over all candidates the exhaustive run measured (generated kernels), and the
-end-to-end latency of both executables timed alternately in one process (medians).
+end-to-end latency of both executables timed alternately in one process (medians),
+and the test-retest Spearman of the measurements themselves over the generated kernels
+both runs measured (the ceiling for any prediction's rank correlation).
 
 Both print os.getloadavg() (2 cores, shared with other engineers' tests): read the
 numbers with it. The last line is one JSON object. A benchmark, not a test.
@@ -203,6 +205,16 @@ def _time_exes(dirs: list[Path], rounds: int) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
+def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
+    """(time in a, time in b) of every generated kernel measured ok in both databases."""
+    import sqlite3
+
+    q = "select workload, median_us from measurements where backend='tvm' and status='ok'"
+    a = dict(sqlite3.connect(db_a).execute(q))
+    b = dict(sqlite3.connect(db_b).execute(q))
+    return [(a[w], b[w]) for w in sorted(set(a) & set(b))]
+
+
 def cmd_guided(args) -> dict:
     from korch.config import Settings
     from korch.ir.subgraph import extract
@@ -214,6 +226,7 @@ def cmd_guided(args) -> dict:
     out: dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="korch-guided-"))
     all_pred, all_meas = [], []
+    retest: list[tuple[float, float]] = []
     for mi, name in enumerate(args.models.split(",")):
         res = {}
         modes = ["guided", "exhaustive"] if mi % 2 == 0 else ["exhaustive", "guided"]
@@ -255,6 +268,12 @@ def cmd_guided(args) -> dict:
                 all_pred += [p for p, _ in pairs]
                 all_meas += [m for _, m in pairs]
             print(name, mode, res[mode], flush=True)
+        # the measurements' own reliability: generated kernels both runs measured
+        twice = _both_measured(tmp / f"{name}-guided.db", tmp / f"{name}-exhaustive.db")
+        if len(twice) > 2:
+            res["retest_spearman"] = round(_spearman([a for a, _ in twice], [b for _, b in twice]), 3)
+            res["retest_n"] = len(twice)
+            retest += twice
         lat = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
         res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
         res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
@@ -263,6 +282,9 @@ def cmd_guided(args) -> dict:
         out[name] = res
     out["spearman_all"] = round(_spearman(all_pred, all_meas), 3) if all_pred else None
     out["spearman_all_n"] = len(all_pred)
+    if retest:
+        out["retest_spearman_all"] = round(_spearman([a for a, _ in retest], [b for _, b in retest]), 3)
+        out["retest_n"] = len(retest)
     out["loadavg"] = os.getloadavg()
     return out
 
