@@ -22,6 +22,7 @@ SUMMARY_FIELDS = [
     ("measurements_cached", "measurements from db"),
     ("blp_seconds", "BLP seconds"),
     ("kernels_chosen", "kernels chosen"),
+    ("region_kernels", "library regions chosen"),
     ("redundant_primitives", "redundant primitives"),
     ("runtime_threads", "runtime threads"),
     ("latency_ms", "end-to-end latency (ms)"),

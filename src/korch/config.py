@@ -29,6 +29,9 @@ class Settings:
     max_states: int = 400
     # kernel identification: the most primitives in one candidate kernel
     max_kernel_size: int = 24
+    # whole-library candidates (Note [Library regions]): each partition and its halves,
+    # quarters ... as one onnxruntime kernel, to this many levels; 0 turns them off
+    library_regions: int = 3
     # profiling
     warmup: int = 3
     repeat: int = 15

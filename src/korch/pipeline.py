@@ -128,6 +128,21 @@ def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, .
     return tuple(names)
 
 
+# Note [Library regions]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# Korch's candidates hold at most one linear primitive (Note [Generatable kernels]), so
+# every Conv runs in its own library call. onnxruntime's CPU convolutions run in a
+# blocked layout (NCHWc): alone, each call reorders its input into the blocks and its
+# output back, two extra passes over the activations per Conv that a session holding
+# a chain of Convs does once at the chain's ends (yolo_b1: its 52 Conv kernels took
+# 25 ms in korch, onnxruntime's whole model 16 ms). So each partition also gets a few
+# *library regions*: the partition itself and its halves, quarters, ... run as one
+# onnxruntime kernel. They are measured like every other candidate and the BLP picks
+# them only where they are faster than korch's own kernels for the same primitives
+# (a region and generated kernels can split a partition). The Korch paper's
+# orchestration is unchanged: a region is one more candidate kernel.
+
+
 def step_identify(ctx: Context) -> None:
     from korch.identify import candidates
 
@@ -143,6 +158,32 @@ def step_identify(ctx: Context) -> None:
             if not backends:
                 continue
             ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends))
+        if ctx.settings.target == "cpu":
+            for nodes in library_regions(g, part, ctx.settings.library_regions):
+                k = make_kernel(g, users, nodes)
+                ctx.candidates.append(Candidate(pi, k, "region", canonical_hash(g, k), ("ort",)))
+
+
+def library_regions(g: Graph, part: list[int], levels: int) -> list[list[int]]:
+    """Whole-library candidates of a partition (Note [Library regions]).
+
+    The partition (ascending ids, so a topological order) and its halves, quarters ...
+    down to ``levels`` levels: contiguous ranges of a topological order restricted to a
+    convex set are convex. Only ranges with two or more linear primitives (one linear
+    primitive and its epilogue is an ordinary candidate).
+    """
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for level in range(max(0, levels)):
+        pieces = 1 << level
+        if pieces > len(part):
+            break
+        for j in range(pieces):
+            seg = part[j * len(part) // pieces : (j + 1) * len(part) // pieces]
+            if sum(1 for n in seg if g.nodes[n].op in GroupOp.LINEAR) >= 2 and tuple(seg) not in seen:
+                seen.add(tuple(seg))
+                out.append(seg)
+    return out
 
 
 def _kernel_consts(g: Graph, k: Kernel) -> dict[str, np.ndarray]:
@@ -287,6 +328,8 @@ def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = T
         "blp_max_seconds": round(ctx.blp_max_seconds, 3),
         "kernels_chosen": len(ctx.chosen),
         "kernels_by_backend": _count(c.backend for c in ctx.chosen),
+        "region_candidates": sum(1 for c in ctx.candidates if c.kind == "region"),
+        "region_kernels": sum(1 for c in ctx.chosen if c.kind == "region"),
         "redundant_primitives": redundant,
         "predicted_latency_us": round(sum(c.cost_us for c in ctx.chosen), 1),
         "buffers": ctx.executable.buffer_stats if ctx.executable else {},

@@ -154,7 +154,9 @@ def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[st
 
 
 def _kernel_class(nodes: Sequence[int], g: dict) -> str:
-    classes = {g["nodes"][n]["class"] for n in nodes}
+    classes = [g["nodes"][n]["class"] for n in nodes]
+    if classes.count("linear") > 1:
+        return "region"  # Note [Library regions]: several library ops in one session
     if "opaque" in classes:
         return "opaque"
     if "linear" in classes:
