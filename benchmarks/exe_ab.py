@@ -1,11 +1,12 @@
 """Saved executables of one model side by side with onnxruntime, alternated in one process.
 
-    python benchmarks/exe_ab.py MODEL.onnx OUTDIR [OUTDIR ...] [--rounds 30] [--threads 2]
+    python benchmarks/exe_ab.py MODEL.onnx OUTDIR[@THREADS] [...] [--rounds 30] [--threads 2]
 
 This VM's timings move by up to 1.5x from process to process, so two optimizations of
 one model (say with and without library regions, Note [Library regions]) are compared
 here, call by call, not across `korch optimize` runs. Prints median ms and the ratio
-to onnxruntime for each; checks every output against onnxruntime. A benchmark, not a
+to onnxruntime for each; checks every output against onnxruntime. onnxruntime runs
+with --threads; an executable with its own thread count when given as OUTDIR@N. A benchmark, not a
 test.
 """
 
@@ -39,7 +40,8 @@ def main() -> None:
     ref = dict(zip(names, sess.run(names, feeds)))
     runs = {"onnxruntime": lambda: sess.run(names, feeds)}
     for d in args.outdirs:
-        exe = Executable.load(d, num_threads=args.threads)
+        path, _, n = d.partition("@")  # OUTDIR@1: that executable at 1 thread
+        exe = Executable.load(path, num_threads=int(n) if n else args.threads)
         out = exe(feeds)
         for k, want in ref.items():
             np.testing.assert_allclose(out[k], want, rtol=1e-3, atol=1e-4, err_msg=f"{d}: {k}")

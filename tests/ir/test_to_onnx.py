@@ -382,3 +382,41 @@ def test_fissioned_max_pool_goes_back_as_max_pool(attrs):
     model = check(graph, feeds)
     assert [n.op_type for n in model.graph.node if n.op_type not in ("Identity",)] == ["MaxPool"]
     np.testing.assert_array_equal(_run(model, feeds)["y"], _run(orig, feeds)["y"])
+
+
+@pytest.mark.parametrize("op_type,attrs", [("HardSwish", {}), ("HardSigmoid", {"alpha": 0.25, "beta": 0.4})])
+@pytest.mark.parametrize("opset", [17, 13])
+def test_fissioned_hard_activations_go_back_as_operators(op_type, attrs, opset):
+    """fission's Add/Max/Min/Mul form of HardSigmoid and HardSwish is exported as the
+    operator, which onnxruntime fuses into a Conv (below opset 14, HardSwish is
+    HardSigmoid times x)."""
+    from korch.fission import fission
+
+    if op_type == "HardSwish" and opset < 14:
+        pytest.skip("HardSwish is opset 14")
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 5])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3, 5])
+    orig = helper.make_model(
+        helper.make_graph([helper.make_node(op_type, ["x"], ["y"], **attrs)], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+    orig.ir_version = 8
+    graph = fission(orig)
+    assert len(graph.compute_ids()) >= 4
+    feeds = {"x": randn(2, 3, 5) * 4}
+    model = check(graph, feeds)
+    assert [n.op_type for n in model.graph.node] == [op_type]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_hard_swish_below_opset_14_and_shared_inner_nodes():
+    b = GraphBuilder()
+    x = b.input("x", (4, 6), "float32")
+    z = b.binary(Op.ADD, b.binary(Op.MUL, x, b.scalar(1 / 6, x)), b.scalar(0.5, x))
+    h = b.binary(Op.MIN, b.binary(Op.MAX, z, b.scalar(0.0, x)), b.scalar(1.0, x))
+    b.output("y", b.binary(Op.MUL, x, h))
+    model = check(b.graph, {"x": randn(4, 6) * 4}, opset=13)
+    assert [n.op_type for n in model.graph.node] == ["HardSigmoid", "Mul"]
+    b.output("z", z)  # an inner node used outside: nothing is raised
+    model = check(b.graph, {"x": randn(4, 6) * 4})
+    assert "HardSigmoid" not in [n.op_type for n in model.graph.node]

@@ -152,7 +152,8 @@ class _Exporter:
         self._init_cache: dict[tuple, str] = {}
         self._counter = 0
         self.eff: dict[int, tuple[int, ...]] = {}
-        self.pools: dict[int, dict] = {}  # RESHAPE node -> MaxPool attributes (_raise_max_pools)
+        # node -> (ONNX op, attributes) emitted instead of its primitive (Note [Raising])
+        self.raised: dict[int, tuple[str, dict]] = {}
 
     # --- helpers -----------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -250,10 +251,13 @@ class _Exporter:
     def lower(self, nid: int, node: Node, out: str) -> None:
         op = node.op
         ins = self.eff.get(nid, node.inputs)
-        pool = self.pools.get(nid)
-        if pool is not None:
-            attrs = {k: v for k, v in pool.items() if k != "src"}
-            self.op("MaxPool", [self.tensor(ins[0])], out, **attrs)
+        raised = self.raised.get(nid)
+        if raised is not None:
+            x = self.tensor(ins[0])
+            if raised[0] == "HardSwish" and self.opset < 14:
+                self.op("Mul", [x, self.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)], out)
+            else:
+                self.op(raised[0], [x], out, **raised[1])
         elif op is Op.CAST:
             self.cast(self.tensor(ins[0]), self.node_dtype(ins[0]), node.dtype, out)
         elif op in _UNARY or op in _BINARY:
@@ -460,8 +464,20 @@ def _upsample_factor(idx: np.ndarray, n_in: int) -> int:
     return k if np.array_equal(idx, np.arange(idx.size) // k) else 0
 
 
-def _raise_max_pools(graph: Graph) -> dict[int, dict]:
-    """MaxPool attributes for each RESHAPE ending fission's PAD(-inf) + WINDOW + REDUCE_MAX.
+# Note [Raising]
+# ~~~~~~~~~~~~~~
+# A kernel run by onnxruntime (a linear kernel with its epilogue, a library region,
+# Note [Library regions]) is exported primitive by primitive, but onnxruntime's CPU
+# speed comes from fusing and blocking whole operators: MaxPool, Resize and Conv with
+# a HardSigmoid/HardSwish activation run in its NCHWc layout; their fissioned forms
+# (an im2col Gather and a ReduceMax; Gathers; Add/Max/Min/Mul) leave the layout and
+# cost a reorder on each side. So the export recognises fission's own patterns and
+# emits the operator: each raise maps one node to (its source tensor, ONNX op,
+# attributes); the pattern's inner nodes must have no other user, and become dead.
+
+
+def _raise_max_pools(graph: Graph) -> dict[int, tuple[int, str, dict]]:
+    """MaxPool for each RESHAPE ending fission's PAD(-inf) + WINDOW + REDUCE_MAX.
 
     onnxruntime runs MaxPool in its blocked layout; the primitives would be an im2col
     Gather and a ReduceMax (yolo_b1's SPPF: 5 ms as primitives, 0.14 ms as MaxPool).
@@ -511,13 +527,74 @@ def _raise_max_pools(graph: Graph) -> dict[int, dict]:
         ]
         if sizes != list(r.shape[2:]):
             continue
-        found[rid] = {
-            "src": src,
-            "kernel_shape": kernel,
-            "strides": strides,
-            "dilations": dil,
-            "pads": begin + end,
-        }
+        found[rid] = (
+            src,
+            "MaxPool",
+            {"kernel_shape": kernel, "strides": strides, "dilations": dil, "pads": begin + end},
+        )
+    return found
+
+
+def _scalar(graph: Graph, nid: int) -> float | None:
+    node = graph.nodes[nid]
+    return float(node.attr("value")) if node.is_scalar_const else None
+
+
+def _raise_hard_activations(graph: Graph) -> dict[int, tuple[int, str, dict]]:
+    """HardSigmoid for fission's MIN(MAX(ADD(MUL(x, a), b), 0), 1); HardSwish for
+    MUL(x, HardSigmoid(x) with a = 1/6, b = 1/2) (activations.py)."""
+    users = graph.users()
+    outs = set(graph.outputs.values())
+    private = lambda nid: len(users[nid]) == 1 and nid not in outs
+    nodes = graph.nodes
+
+    def split(nid: int, op: Op) -> tuple[int, float] | None:
+        """(tensor operand, scalar operand) of a binary ``op`` node with one scalar."""
+        node = nodes[nid]
+        if node.op is not op or len(node.inputs) != 2:
+            return None
+        a, b = node.inputs
+        if _scalar(graph, b) is not None and _scalar(graph, a) is None:
+            return a, _scalar(graph, b)
+        if _scalar(graph, a) is not None and _scalar(graph, b) is None:
+            return b, _scalar(graph, a)
+        return None
+
+    found: dict[int, tuple[int, str, dict]] = {}
+    for nid, node in enumerate(nodes):
+        if node.op is not Op.MIN or np.dtype(node.dtype).kind != "f":
+            continue
+        top = split(nid, Op.MIN)
+        if top is None or top[1] != 1.0 or not private(top[0]):
+            continue
+        mx = split(top[0], Op.MAX)
+        if mx is None or mx[1] != 0.0 or not private(mx[0]):
+            continue
+        add = split(mx[0], Op.ADD)
+        if add is None:
+            continue
+        x, alpha = add[0], 1.0
+        mul = split(x, Op.MUL)
+        if mul is not None and private(x):
+            x, alpha = mul
+        if nodes[x].shape != node.shape:
+            continue
+        found[nid] = (x, "HardSigmoid", {"alpha": alpha, "beta": add[1]})
+    for nid, node in enumerate(nodes):
+        if node.op is not Op.MUL or len(node.inputs) != 2 or node.inputs[0] == node.inputs[1]:
+            continue
+        for x, h in (node.inputs, node.inputs[::-1]):
+            hs = found.get(h)
+            if (
+                hs is not None
+                and hs[0] == x
+                and private(h)
+                and abs(hs[2]["alpha"] - 1.0 / 6.0) < 1e-7
+                and hs[2]["beta"] == 0.5
+            ):
+                found[nid] = (x, "HardSwish", {})
+                del found[h]
+                break
     return found
 
 
@@ -622,8 +699,8 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
 
     const_inputs = dict(const_inputs or {})
     eff = _bypass_broadcasts(graph)
-    pools = _raise_max_pools(graph)
-    eff.update({nid: (attrs["src"],) for nid, attrs in pools.items()})
+    raised = {**_raise_max_pools(graph), **_raise_hard_activations(graph)}
+    eff.update({nid: (src,) for nid, (src, _, _) in raised.items()})
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
     domains: dict[str, int] = {}
@@ -635,7 +712,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     default_opset = domains.pop("", opset)
     ex = _Exporter(graph, const_inputs, default_opset)
     ex.eff = eff
-    ex.pools = pools
+    ex.raised = {nid: (op_type, attrs) for nid, (_, op_type, attrs) in raised.items()}
 
     # reserve user-visible names first
     for name in graph.inputs:

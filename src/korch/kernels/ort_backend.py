@@ -125,8 +125,8 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         # the export's revision: to_onnx raising nearest-upsample Gathers to Resize and
-        # pooling windows to MaxPool changed what a measured kernel runs
-        return f"onnxruntime-{ort.__version__}; export 2"
+        # pooling windows to MaxPool (2), hard activations (3) changed what a kernel runs
+        return f"onnxruntime-{ort.__version__}; export 3"
 
 
 register(OrtBackend())
