@@ -224,3 +224,20 @@ def test_static_memory_plan(name, compiled):
         env.update(zip(st.outputs, st.kernel([env[i] for i in st.inputs])))
     for k, spec in exe.outputs.items():
         np.testing.assert_allclose(first[k], env[spec.node], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["candy_block", "yolo_block"])
+def test_library_regions_and_plan_check(name, compiled):
+    """Conv chains get library regions (Note [Library regions]); the plan check times
+    the BLP's plan against the region-biased ones and keeps the fastest it timed
+    (Note [End-to-end plan check]); whichever it keeps matches onnxruntime (above)."""
+    model, _ = compiled(name)
+    r = model.report
+    assert r["region_candidates"] >= 1
+    pc = r["plan_check"]
+    if pc.get("plans") != 1:
+        assert pc["kept"] in pc["ms"] and "blp" in pc["ms"] and len(pc["ms"]) >= 2
+        assert pc["ms"][pc["kept"]] == min(pc["ms"].values())
+    regions = [s for s in model.executable.steps if s.backend == "ort" and len(s.nodes) > 1]
+    assert r["region_kernels"] <= len(regions)
+    assert r["max_rel_error"] <= TOL

@@ -201,19 +201,91 @@ def step_profile(ctx: Context) -> None:
     profile_step(ctx)
 
 
-def step_orchestrate(ctx: Context) -> None:
+def _solve_all(ctx: Context, cost: Callable[[Candidate], float]) -> list[Candidate]:
+    """The BLP of every partition on ``cost``; the chosen kernels in execution order."""
     from korch.orchestrate import solve
 
     g = ctx.graph
     assert g is not None
+    chosen: list[Candidate] = []
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
         orch = solve(
-            g, part, [c.kernel for c in cands], [c.cost_us for c in cands], time_limit_s=ctx.settings.blp_time_limit_s
+            g, part, [c.kernel for c in cands], [cost(c) for c in cands], time_limit_s=ctx.settings.blp_time_limit_s
         )
         ctx.blp_seconds += orch.seconds
         ctx.blp_max_seconds = max(ctx.blp_max_seconds, orch.seconds)
-        ctx.chosen.extend(cands[i] for i in orch.order)
+        chosen.extend(cands[i] for i in orch.order)
+    return chosen
+
+
+def step_orchestrate(ctx: Context) -> None:
+    ctx.chosen = _solve_all(ctx, lambda c: c.cost_us)
+
+
+# Note [End-to-end plan check]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The BLP adds kernel costs measured one kernel at a time, each called back to back on
+# its own hot inputs and weights. In the executable a kernel's weights and inputs are
+# colder, and every call costs a little dispatch, so many small kernels cost more
+# there than their sum: efficientvit_b1's chosen kernels summed 7.7 ms when measured
+# and took 13.6 ms in place. A library region is one call over a chain that keeps its
+# intermediates inside onnxruntime, so that error is not the same for both kinds of
+# plan. So when regions exist, the BLP is solved again with region costs scaled by
+# each ``Settings.region_bias`` factor; every distinct plan is built and the plans are
+# timed end to end, alternated; the fastest is kept (report: ``plan_check``). One more
+# plan is timed beside them: the whole primitive graph as a single onnxruntime kernel
+# ("one region"), so an optimized model is never slower than onnxruntime running
+# korch's own graph; the report says when that plan won.
+
+
+def step_plans(ctx: Context) -> None:
+    from korch.bench.compare import random_feeds, time_alternating
+
+    s = ctx.settings
+    if (
+        s.target != "cpu"
+        or not s.region_bias
+        or not any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
+    ):
+        return
+    plans = {"blp": (ctx.chosen, ctx.executable)}
+    seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
+    base = ctx.chosen
+    for f in s.region_bias:
+        alt = _solve_all(ctx, lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us)
+        key = tuple(c.kernel.nodes for c in alt)
+        if key in seen:
+            continue
+        seen.add(key)
+        ctx.chosen = alt
+        step_build(ctx)
+        plans[f"regions x{f:g}"] = (alt, ctx.executable)
+    # the whole graph as one region: what onnxruntime makes of korch's primitive graph
+    # (rewritten, raised), one call; kept only when nothing korch composed beats it
+    g = ctx.graph
+    assert g is not None
+    whole = make_kernel(g, g.users(), g.compute_ids())
+    ctx.chosen = [Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
+    try:
+        step_build(ctx)
+        plans["one region"] = (ctx.chosen, ctx.executable)
+    except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
+        log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
+    ctx.chosen = base
+    if len(plans) == 1:
+        ctx.report.update(plan_check={"plans": 1})
+        return
+    feeds = random_feeds(plans["blp"][1].inputs)
+    fns = {}
+    for name, (_, exe) in plans.items():
+        exe.set_threads(max(1, int(s.num_threads)))
+        fns[name] = lambda exe=exe: exe(feeds)
+    t = time_alternating(fns, rounds=10)
+    ms = {k: v["median_ms"] for k, v in t.items()}
+    best = min(ms, key=ms.get)
+    ctx.chosen, ctx.executable = plans[best]
+    ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}})
 
 
 def step_build(ctx: Context) -> None:
@@ -298,6 +370,7 @@ STEPS: list[tuple[str, Callable[[Context], None]]] = [
     ("profile", step_profile),
     ("orchestrate", step_orchestrate),
     ("build", step_build),
+    ("plans", step_plans),
     ("threads", step_threads),
     ("measure", step_measure),
 ]
