@@ -231,28 +231,25 @@ def step_orchestrate(ctx: Context) -> None:
 # there than their sum: efficientvit_b1's chosen kernels summed 7.7 ms when measured
 # and took 13.6 ms in place. A library region is one call over a chain that keeps its
 # intermediates inside onnxruntime, so that error is not the same for both kinds of
-# plan. So when regions exist, the BLP is solved again with region costs scaled by
-# each ``Settings.region_bias`` factor; every distinct plan is built and the plans are
-# timed end to end, alternated; the fastest is kept (report: ``plan_check``). One more
-# plan is timed beside them: the whole primitive graph as a single onnxruntime kernel
-# ("one region"), so an optimized model is never slower than onnxruntime running
-# korch's own graph; the report says when that plan won.
+# plan. So (cpu target, ``Settings.region_bias`` not empty) when regions exist the BLP
+# is solved again with region costs scaled by each factor, and the whole primitive
+# graph as a single onnxruntime kernel ("one region") is one more plan, so an
+# optimized model is never slower than onnxruntime running korch's own graph. Every
+# distinct plan is built, the plans are timed end to end, alternated, and the fastest
+# is kept (report: ``plan_check`` says which won).
 
 
 def step_plans(ctx: Context) -> None:
     from korch.bench.compare import random_feeds, time_alternating
 
     s = ctx.settings
-    if (
-        s.target != "cpu"
-        or not s.region_bias
-        or not any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
-    ):
+    if s.target != "cpu" or not s.region_bias:
         return
     plans = {"blp": (ctx.chosen, ctx.executable)}
     seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
     base = ctx.chosen
-    for f in s.region_bias:
+    has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
+    for f in s.region_bias if has_regions else ():
         alt = _solve_all(ctx, lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us)
         key = tuple(c.kernel.nodes for c in alt)
         if key in seen:
