@@ -260,3 +260,29 @@ def test_library_regions_and_plan_check(name, settings, tmp_path):
         assert len(model.executable.steps) == 1 and model.executable.steps[0].backend == "ort"
     assert r["max_rel_error"] <= TOL
     _check_order(model)
+
+
+def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
+    """The plan check's "one region, unrewritten" plan: the graph before rewrites as one
+    onnxruntime kernel, wired to the rewritten graph's inputs and outputs by name; it
+    matches onnxruntime and survives save/load."""
+    from korch.executable import Executable
+    from korch.pipeline import _unrewritten_plan, run_pipeline
+
+    ctx = run_pipeline(build("attention"), settings, measure=False)
+    assert ctx.report["rewrites_applied"] and ctx.fissioned is not ctx.graph
+    chosen, exe = _unrewritten_plan(ctx)
+    assert len(chosen) == 1 and len(exe.steps) == 1 and exe.steps[0].backend == "ort"
+    assert set(exe.steps[0].nodes) == set(ctx.graph.compute_ids())
+    model = build("attention")
+    feeds = korch.models.random_inputs(model)
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    exe.save(tmp_path)
+    for e in (exe, Executable.load(tmp_path)):
+        got = e(feeds)
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)

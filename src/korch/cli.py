@@ -77,6 +77,8 @@ def _settings(args):
         kw["tracker"], kw["rpc_key"] = args.tracker, args.key or ""
     if getattr(args, "exhaustive_profiling", False):
         kw["guided_profiling"] = False
+    if not getattr(args, "plan_check", True):
+        kw["region_bias"] = ()
     return Settings(**kw)
 
 
@@ -144,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
             help="measure every candidate kernel (default: model-guided, only what could be chosen)",
         )
         sp.add_argument("--no-rewrite", dest="rewrite", action="store_false", help="skip the primitive-graph rewrites")
+        sp.add_argument(
+            "--no-plan-check",
+            dest="plan_check",
+            action="store_false",
+            help="keep the BLP's plan without timing alternatives end to end (deterministic choice)",
+        )
 
     o = sub.add_parser("optimize", help="optimize an ONNX model into an executable folder")
     o.add_argument("model")

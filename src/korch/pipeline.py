@@ -45,6 +45,7 @@ class Context:
     shapes: dict[str, tuple[int, ...]] | None
     model: Any = None
     graph: Graph | None = None
+    fissioned: Graph | None = None  # the graph before rewrites (Note [End-to-end plan check])
     partitions: list[list[int]] = dataclasses.field(default_factory=list)
     n_states: int = 0
     candidates: list[Candidate] = dataclasses.field(default_factory=list)
@@ -84,6 +85,7 @@ def step_rewrite(ctx: Context) -> None:
     if not s.rewrite:
         ctx.report.update(rewrites_applied={})
         return
+    ctx.fissioned = ctx.graph
     ctx.graph, stats = optimize_graph(
         ctx.graph, budget=s.rewrite_budget, time_limit_s=s.rewrite_time_limit_s, patience=s.rewrite_patience
     )
@@ -269,6 +271,11 @@ def step_plans(ctx: Context) -> None:
         plans["one region"] = (ctx.chosen, ctx.executable)
     except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
         log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
+    if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
+        try:
+            plans["one region, unrewritten"] = _unrewritten_plan(ctx)
+        except Exception as e:  # noqa: BLE001
+            log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
     ctx.chosen = base
     if len(plans) == 1:
         ctx.report.update(plan_check={"plans": 1})
@@ -283,6 +290,47 @@ def step_plans(ctx: Context) -> None:
     best = min(ms, key=ms.get)
     ctx.chosen, ctx.executable = plans[best]
     ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}})
+
+
+def _unrewritten_plan(ctx: Context) -> tuple[list[Candidate], Any]:
+    """The graph before rewrites as one onnxruntime kernel, as a plan over ``ctx.graph``.
+
+    The rewrites are chosen for korch's kernels (merged Convs, a scale moved into a
+    bias); some of them hide from onnxruntime what it fuses (a merged Conv is split
+    again by Slices, which leave its blocked layout). The kernel reads the graph inputs
+    and writes the graph outputs, matched to ``ctx.graph``'s by name.
+    """
+    from korch.executable import Executable, Step, TensorSpec, plan_buffers
+    from korch.ir.to_onnx import to_onnx
+    from korch.kernels.ort_backend import OrtKernel, _session
+
+    g, pre = ctx.graph, ctx.fissioned
+    assert g is not None and pre is not None
+    k = make_kernel(pre, pre.users(), pre.compute_ids())
+    kg, consts = extract(pre, k), _kernel_consts(pre, k)
+    in_name = {nid: name for name, nid in pre.inputs.items()}
+    feeds = [(f"in{i}", in_name[src]) for i, src in enumerate(k.inputs) if f"in{i}_c" not in consts]
+    out_names = {nid: name for name, nid in pre.outputs.items()}
+    if any(n not in out_names for n in k.outputs) or set(pre.outputs) != set(g.outputs):
+        raise ValueError("the rewritten graph's outputs do not match the original's")
+    model = to_onnx(kg, const_inputs=consts).SerializeToString()
+    kernel = OrtKernel(
+        _session(model, ctx.settings.num_threads), [f for f, _ in feeds], range(len(feeds)), list(kg.outputs), model
+    )
+    outputs = tuple(g.outputs[out_names[n]] for n in k.outputs)
+    whole = make_kernel(g, g.users(), g.compute_ids())
+    cand = Candidate(-1, whole, "region", canonical_hash(pre, k), ("ort",), math.nan, "ort")
+    step = Step(
+        f"k0_{cand.hash[:8]}", "ort", cand.hash, whole.nodes, tuple(g.inputs[n] for _, n in feeds), outputs, kernel
+    )
+    spec = lambda nid: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype)  # noqa: E731
+    out_specs = {name: spec(nid) for name, nid in g.outputs.items()}
+    if any(s.node not in outputs for s in out_specs.values()):
+        raise ValueError("a graph output is not computed by the graph")  # a constant or an input as output
+    sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
+    free_after, stats = plan_buffers([step], set(outputs), sizes)
+    exe = Executable({n: spec(i) for n, i in g.inputs.items()}, out_specs, {}, [step], free_after, stats)
+    return [cand], exe
 
 
 def step_build(ctx: Context) -> None:
