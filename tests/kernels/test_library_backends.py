@@ -177,6 +177,22 @@ def test_ort_two_outputs_and_memory_kernel(tmp_path):
     run_and_compare("ort", kg, consts, feeds_for(kg, consts), tmp_path)
 
 
+def test_ort_session_spins_only_during_a_call():
+    # Note [No spinning thread pools]: a pool spinning after its call takes a core
+    # from the next kernel; force_spinning_stop ends the spin when run() returns
+    from korch.ir.to_onnx import to_onnx
+    from korch.kernels.ort_backend import _session
+
+    b = GraphBuilder()
+    x = b.input("x", (4, 8), "float32")
+    b.output("y", b.unary(Op.EXP, x))
+    kg, consts = kernel_of(b.graph)
+    opts = _session(to_onnx(kg, consts).SerializeToString(), 2).get_session_options()
+    assert opts.intra_op_num_threads == 2
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+
+
 def test_ort_opaque_kernel(tmp_path):
     b = GraphBuilder()
     x = b.input("x", (3, 8), "float32")
