@@ -245,8 +245,9 @@ def test_static_memory_plan(name, compiled):
 @pytest.mark.parametrize("name", ["candy_block", "yolo_block"])
 def test_library_regions_and_plan_check(name, settings, tmp_path):
     """Conv chains get library regions (Note [Library regions]); the plan check times
-    the BLP's plan, the region-biased ones and the whole graph as one onnxruntime
-    kernel, and keeps the fastest (Note [End-to-end plan check]); whichever it keeps
+    the BLP's plan, the region-biased ones, the BLP on in-place costs and the whole
+    graph as one onnxruntime kernel, and keeps the fastest (Note [End-to-end plan
+    check]); whichever it keeps
     matches onnxruntime."""
     model = korch.optimize(
         build(name), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7, 0.4))
@@ -255,7 +256,11 @@ def test_library_regions_and_plan_check(name, settings, tmp_path):
     assert r["region_candidates"] >= 1
     pc = r["plan_check"]
     assert "blp" in pc["ms"] and "one region" in pc["ms"] and pc["kept"] in pc["ms"]
-    assert pc["ms"][pc["kept"]] == min(pc["ms"].values())
+    # kept by round-relative time (Note [Timing in blocks])
+    assert pc["rel"][pc["kept"]] == min(pc["rel"].values()) and set(pc["rel"]) == set(pc["ms"])
+    # the BLP plan's kernels were timed in place: a ratio per kernel kind it used
+    assert pc["in_place_scale"] and all(v > 0 for v in pc["in_place_scale"].values())
+    assert set(pc["in_place_scale"]) <= {"memory", "linear", "opaque", "region"}
     if pc["kept"] == "one region":
         assert len(model.executable.steps) == 1 and model.executable.steps[0].backend == "ort"
     assert r["max_rel_error"] <= TOL

@@ -35,6 +35,8 @@ class Settings:
     # end-to-end plan check (Note [End-to-end plan check] in pipeline.py): the BLP again
     # with region costs times each factor, every distinct plan built and timed; () is off
     region_bias: tuple[float, ...] = (0.7, 0.4)
+    # ... and the BLP again on the costs its plan's kernels show in place, this many times
+    in_place_rounds: int = 2
     # profiling
     warmup: int = 3
     repeat: int = 15

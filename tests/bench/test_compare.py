@@ -16,3 +16,25 @@ def test_engines_alternate_in_blocks_and_drop_each_blocks_first_call():
 def test_block_of_one_keeps_every_call():
     fns = {"a": lambda: None}
     assert time_alternating(fns, rounds=5, block=1)["a"]["runs"] == 5
+
+
+def test_rel_cancels_drift_between_rounds(monkeypatch):
+    # a fake clock: engine "a" takes 2 units, "b" 1 unit, and the machine's speed
+    # changes 10x from round to round; the medians mix the phases, rel does not
+    import korch.bench.compare as C
+
+    now = [0.0]
+    calls = [0]
+
+    def engine(units):
+        def fn():
+            calls[0] += 1
+            round_no = max(0, calls[0] - 5) // 6  # 4 warm-up calls, then 6 per round
+            now[0] += units * (10.0 if round_no % 2 else 1.0)
+
+        return fn
+
+    monkeypatch.setattr(C.time, "perf_counter", lambda: now[0])
+    out = C.time_alternating({"a": engine(2.0), "b": engine(1.0)}, rounds=6, block=3)
+    assert abs(out["a"]["rel"] / out["b"]["rel"] - 2.0) < 1e-9
+    assert abs(out["a"]["rel"] * out["b"]["rel"] - 1.0) < 1e-9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -64,25 +65,42 @@ def time_alternating(
     take a core from the engine timed next: an onnxruntime session on yolo_b1 took 35 ms
     right after a second spinning session and 14 ms in blocks (measured here). Blocks time
     each engine as a user's loop runs it; the alternation still spreads drift over all.
+
+    This VM's speed also drifts by 30-40% in phases of seconds, longer than a round. So
+    each engine also gets ``rel``: the median over rounds of its round time over the
+    geometric mean of all engines' times in that round. Rounds are short, so a phase
+    scales every engine of a round alike and cancels; ``rel`` ranks close engines more
+    steadily than the medians do.
     """
     for fn in fns.values():
         fn()
         fn()
     block = max(1, int(block))
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    per_round: list[dict[str, float]] = []
     t_end = None
     for r in range(rounds):
+        this: dict[str, float] = {}
         for name, fn in fns.items():
+            kept = []
             for j in range(block):
                 t0 = time.perf_counter()
                 fn()
                 if j > 0 or block == 1:
-                    samples[name].append((time.perf_counter() - t0) * 1e3)
+                    kept.append((time.perf_counter() - t0) * 1e3)
+            samples[name] += kept
+            this[name] = statistics.median(kept)
+        per_round.append(this)
         if r == 2:
             t_end = time.perf_counter()
         if t_end is not None and r >= 4 and sum(sum(s) for s in samples.values()) > 60_000:
             break  # cap the measuring time of big models at about a minute
     del min_ms
+    rel: dict[str, list[float]] = {k: [] for k in fns}
+    for this in per_round:
+        gm = math.exp(statistics.fmean(math.log(max(v, 1e-9)) for v in this.values()))
+        for name, v in this.items():
+            rel[name].append(v / gm)
     out = {}
     for name, s in samples.items():
         s_sorted = sorted(s)
@@ -91,6 +109,7 @@ def time_alternating(
             "p10_ms": s_sorted[len(s) // 10],
             "p90_ms": s_sorted[(9 * len(s)) // 10],
             "runs": len(s),
+            "rel": statistics.median(rel[name]),
         }
     return out
 
