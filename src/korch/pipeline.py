@@ -278,6 +278,7 @@ def step_plans(ctx: Context) -> None:
     ctx.chosen = [Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
     try:
         step_build(ctx)
+        ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
         plans["one region"] = (ctx.chosen, ctx.executable)
     except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
         log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
@@ -377,7 +378,12 @@ def _unrewritten_plan(ctx: Context) -> tuple[list[Candidate], Any]:
         raise ValueError("the rewritten graph's outputs do not match the original's")
     model = to_onnx(kg, const_inputs=consts).SerializeToString()
     kernel = OrtKernel(
-        _session(model, ctx.settings.num_threads), [f for f, _ in feeds], range(len(feeds)), list(kg.outputs), model
+        _session(model, ctx.settings.num_threads, spin=True),
+        [f for f, _ in feeds],
+        range(len(feeds)),
+        list(kg.outputs),
+        model,
+        spin=True,
     )
     outputs = tuple(g.outputs[out_names[n]] for n in k.outputs)
     whole = make_kernel(g, g.users(), g.compute_ids())

@@ -177,20 +177,34 @@ def test_ort_two_outputs_and_memory_kernel(tmp_path):
     run_and_compare("ort", kg, consts, feeds_for(kg, consts), tmp_path)
 
 
-def test_ort_session_spins_only_during_a_call():
-    # Note [No spinning thread pools]: a pool spinning after its call takes a core
-    # from the next kernel; force_spinning_stop ends the spin when run() returns
-    from korch.ir.to_onnx import to_onnx
-    from korch.kernels.ort_backend import _session
-
+def test_ort_kernel_spins_only_when_it_runs_alone(tmp_path):
+    # Note [No spinning thread pools]: a kernel among others never spins; one that is
+    # the whole executable spins during its call and stops when it returns
     b = GraphBuilder()
     x = b.input("x", (4, 8), "float32")
-    b.output("y", b.unary(Op.EXP, x))
+    b.output("y", b.add(Op.MATMUL, [b.unary(Op.EXP, x), b.const(randn(8, 8), name="w")]))
     kg, consts = kernel_of(b.graph)
-    opts = _session(to_onnx(kg, consts).SerializeToString(), 2).get_session_options()
-    assert opts.intra_op_num_threads == 2
-    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    assert opts.get_session_config_entry("session.force_spinning_stop") == "1"
+    be = get_backend("ort")
+    k = be.build(kg, consts, 2)
+
+    def entries(k):
+        o = k.session.get_session_options()
+        return o.get_session_config_entry("session.intra_op.allow_spinning"), o.intra_op_num_threads
+
+    assert entries(k) == ("0", 2)
+    k.set_spin(True)
+    assert entries(k) == ("1", 2)
+    assert k.session.get_session_options().get_session_config_entry("session.force_spinning_stop") == "1"
+    k.set_threads(1)
+    assert entries(k) == ("1", 1)  # the setting survives a new thread count
+    meta = k.save(tmp_path, "k")
+    again = be.load(meta, tmp_path, 2)
+    assert again.spin and entries(again) == ("1", 2)
+    feeds = feeds_for(kg, consts)
+    np.testing.assert_allclose(
+        again([feeds[n] for n in kg.inputs if n not in consts])[0],
+        k([feeds[n] for n in kg.inputs if n not in consts])[0],
+    )
 
 
 def test_ort_opaque_kernel(tmp_path):

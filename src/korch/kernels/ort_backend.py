@@ -23,7 +23,7 @@ from korch.ir.graph import Graph
 from korch.kernels.base import Backend, CompiledKernel, register
 
 
-def _session(model: bytes | str, num_threads: int):
+def _session(model: bytes | str, num_threads: int, spin: bool = False):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -32,12 +32,14 @@ def _session(model: bytes | str, num_threads: int):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    # Note [No spinning thread pools] in tvm_backend.py: the pool may spin while a call
-    # runs (its parallel loops start faster) but stops the moment the call returns, so
-    # it takes no core from the next kernel (yolo_b1 as one region, timed in blocks:
-    # 14.0-19.8 ms this way against 16.0-25.6 ms with spinning off)
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
-    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    # Note [No spinning thread pools] in tvm_backend.py: a kernel among others never
+    # spins (vit_tiny_b1's BLP plan, timed in blocks: 56 ms; 76 ms when every session
+    # spins during its calls). A kernel that is the whole executable (the plan check's
+    # one-region plans, OrtKernel.set_spin) spins while its call runs and stops when it
+    # returns (yolo_b1 as one region: 14.0-19.8 ms this way, 16.0-25.6 ms without).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
@@ -51,8 +53,10 @@ class OrtKernel(CompiledKernel):
         feed_positions: Sequence[int],
         output_names: Sequence[str],
         model_bytes: bytes | None = None,
+        spin: bool = False,
     ):
         self.session = session
+        self.spin = spin
         self.feed_names = list(feed_names)
         self.feed_positions = list(feed_positions)
         self.output_names = list(output_names)
@@ -69,8 +73,17 @@ class OrtKernel(CompiledKernel):
         if n == self._threads or self._model_bytes is None:
             return
         if n not in self._sessions:
-            self._sessions[n] = _session(self._model_bytes, n)
+            self._sessions[n] = _session(self._model_bytes, n, self.spin)
         self.session, self._threads = self._sessions[n], n
+        self._run = getattr(self.session, "_sess", self.session).run
+
+    def set_spin(self, spin: bool) -> None:
+        """Whether the pool spins during a call: for a kernel that runs alone (see _session)."""
+        if spin == self.spin or self._model_bytes is None:
+            return
+        self.spin = spin
+        self._sessions = {self._threads: _session(self._model_bytes, self._threads, spin)}
+        self.session = self._sessions[self._threads]
         self._run = getattr(self.session, "_sess", self.session).run
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -90,6 +103,7 @@ class OrtKernel(CompiledKernel):
             "feed_names": self.feed_names,
             "feed_positions": self.feed_positions,
             "output_names": self.output_names,
+            "spin": self.spin,
         }
 
 
@@ -122,16 +136,16 @@ class OrtBackend(Backend):
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
         path = Path(directory) / meta["file"]
         model = path.read_bytes()
-        session = _session(model, num_threads)
-        return OrtKernel(session, meta["feed_names"], meta["feed_positions"], meta["output_names"], model)
+        spin = bool(meta.get("spin", False))
+        session = _session(model, num_threads, spin)
+        return OrtKernel(session, meta["feed_names"], meta["feed_positions"], meta["output_names"], model, spin)
 
     def version(self) -> str:
         import onnxruntime as ort
 
         # the export's revision: to_onnx raising nearest-upsample Gathers to Resize and
-        # pooling windows to MaxPool (2), hard activations (3) changed what a kernel runs;
-        # "spin-stop": the session's pool spins during a call (see _session)
-        return f"onnxruntime-{ort.__version__}; export 3; spin-stop"
+        # pooling windows to MaxPool (2), hard activations (3) changed what a kernel runs
+        return f"onnxruntime-{ort.__version__}; export 3"
 
 
 register(OrtBackend())
