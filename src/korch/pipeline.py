@@ -464,7 +464,11 @@ def step_threads(ctx: Context) -> None:
     ms = {k: v["median_ms"] for k, v in t.items()}
     best = 1 if t["1"]["rel"] < t[str(n)]["rel"] else n
     exe.set_threads(best)
-    ctx.report.update(runtime_threads=best, threads_ms={k: round(v, 4) for k, v in ms.items()})
+    ctx.report.update(
+        runtime_threads=best,
+        threads_ms={k: round(v, 4) for k, v in ms.items()},
+        threads_rel={k: v["rel"] for k, v in t.items()},
+    )
 
 
 def step_measure(ctx: Context) -> None:

@@ -424,3 +424,61 @@ def test_hard_swish_below_opset_14_and_shared_inner_nodes():
     b.output("z", z)  # an inner node used outside: nothing is raised
     model = check(b.graph, {"x": randn(4, 6) * 4})
     assert "HardSigmoid" not in [n.op_type for n in model.graph.node]
+
+
+def _fission_of(nodes, inputs, out_shape, opset=17, inits=()):
+    from korch.fission import fission
+
+    vi = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs]
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, out_shape)
+    orig = helper.make_model(
+        helper.make_graph(nodes, "g", vi, [y], initializer=list(inits)), opset_imports=[helper.make_opsetid("", opset)]
+    )
+    orig.ir_version = 8
+    return orig, fission(orig)
+
+
+def test_fissioned_softmax_goes_back_as_softmax():
+    """fission's REDUCE_MAX/SUB/EXP/REDUCE_SUM/DIV over the last axis is exported as one
+    Softmax; over another axis (or with an inner tensor used elsewhere) it stays."""
+    orig, graph = _fission_of([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], [("x", [2, 3, 7])], [2, 3, 7])
+    assert len(graph.compute_ids()) >= 5
+    feeds = {"x": randn(2, 3, 7) * 3}
+    model = check(graph, feeds)
+    assert [n.op_type for n in model.graph.node] == ["Softmax"]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-6, atol=1e-7)
+    _, graph = _fission_of([helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [2, 3, 7])], [2, 3, 7])
+    model = check(graph, feeds)
+    assert "Softmax" not in [n.op_type for n in model.graph.node]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fissioned_layer_norm_goes_back_as_layer_normalization(bias):
+    """fission's eleven-primitive LayerNormalization (scale and bias reshaped to
+    [1, 1, C] by fission) is exported as the opset-17 operator with [C] weights; below
+    opset 17 it stays as primitives."""
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(randn(8), "s")] + ([numpy_helper.from_array(randn(8), "b")] if bias else [])
+    node = helper.make_node("LayerNormalization", ["x", "s"] + (["b"] if bias else []), ["y"], axis=-1, epsilon=1e-5)
+    orig, graph = _fission_of([node], [("x", [2, 5, 8])], [2, 5, 8], inits=inits)
+    feeds = {"x": randn(2, 5, 8) * 2 + 1}
+    model = check(graph, feeds, rtol=1e-5, atol=1e-5)
+    assert [n.op_type for n in model.graph.node] == ["LayerNormalization"]
+    assert [list(i.dims) for i in model.graph.initializer] == [[8]] * (2 if bias else 1)
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-5, atol=1e-5)
+    model = check(graph, feeds, opset=16, rtol=1e-5, atol=1e-5)
+    assert "LayerNormalization" not in [n.op_type for n in model.graph.node]
+
+
+def test_bias_of_a_batched_matmul_is_exported_unreshaped():
+    """Add(MatMul(x[1, T, K], W), b[N]) keeps b as [N] (fission reshapes it to [1, 1, N]),
+    the form onnxruntime fuses into one Gemm."""
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(randn(6, 4), "w"), numpy_helper.from_array(randn(4), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    _, graph = _fission_of(nodes, [("x", [1, 5, 6])], [1, 5, 4], inits=inits)
+    model = check(graph, {"x": randn(1, 5, 6)}, rtol=1e-5, atol=1e-5)
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Add"]
+    assert sorted(list(i.dims) for i in model.graph.initializer) == [[4], [6, 4]]

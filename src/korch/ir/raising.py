@@ -1,7 +1,7 @@
 """Fission's patterns raised back to ONNX operators for onnxruntime (Note [Raising]).
 
-Used by ``korch.ir.to_onnx``; each ``_raise_*`` maps a node to (its source tensor, ONNX
-op, attributes).
+Used by ``korch.ir.to_onnx``; each ``_raise_*`` maps a node to (its source tensor or
+tensors, ONNX op, attributes).
 """
 
 from __future__ import annotations
@@ -30,8 +30,13 @@ def _upsample_factor(idx: np.ndarray, n_in: int) -> int:
 # a HardSigmoid/HardSwish activation run in its NCHWc layout; their fissioned forms
 # (an im2col Gather and a ReduceMax; Gathers; Add/Max/Min/Mul) leave the layout and
 # cost a reorder on each side. So the export recognises fission's own patterns and
-# emits the operator: each raise maps one node to (its source tensor, ONNX op,
+# emits the operator: each raise maps one node to (its source tensors, ONNX op,
 # attributes); the pattern's inner nodes must have no other user, and become dead.
+# Softmax and LayerNormalization are raised for the same reason: each is one
+# onnxruntime kernel instead of five or eleven passes over the tensor (vit_tiny_b1's
+# primitive export ran 644 operators after onnxruntime's own fusions, the model 344;
+# with these raises and [N] biases for MatMul + Add, which onnxruntime fuses into
+# Gemm, both run 344).
 
 
 def _raise_max_pools(graph: Graph) -> dict[int, tuple[int, str, dict]]:
@@ -153,4 +158,143 @@ def _raise_hard_activations(graph: Graph) -> dict[int, tuple[int, str, dict]]:
                 found[nid] = (x, "HardSwish", {})
                 del found[h]
                 break
+    return found
+
+
+def _effective(graph: Graph, eff: dict[int, tuple[int, ...]]):
+    """(inputs of a node, users of a node) on the graph with ``eff``'s bypasses."""
+    ins = lambda nid: eff.get(nid, graph.nodes[nid].inputs)  # noqa: E731
+    users: list[list[int]] = [[] for _ in graph.nodes]
+    for nid in range(len(graph.nodes)):
+        for src in ins(nid):
+            users[src].append(nid)
+    # a node every user bypasses (a BROADCAST) is dead: it uses nothing
+    outs = set(graph.outputs.values())
+    for nid in range(len(graph.nodes) - 1, -1, -1):
+        if not users[nid] and nid not in outs:
+            for src in ins(nid):
+                users[src].remove(nid)
+    return ins, users
+
+
+def _raise_softmax(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+    """Softmax for fission's DIV(e, REDUCE_SUM(e)) with e = EXP(SUB(x, REDUCE_MAX(x))),
+    over the last axis (normalization.py). onnxruntime runs Softmax as one kernel; the
+    five primitives are five passes with two broadcasts (vit_tiny_b1 exported as
+    primitives: 644 operators after onnxruntime's fusions, 344 for the model)."""
+    ins, users = _effective(graph, eff)
+    outs = set(graph.outputs.values())
+    nodes = graph.nodes
+    only = lambda nid, allowed: nid not in outs and set(users[nid]) <= allowed  # noqa: E731
+    found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
+    for d, node in enumerate(nodes):
+        if node.op is not Op.DIV or np.dtype(node.dtype).kind != "f" or not node.shape:
+            continue
+        e, s = ins(d)
+        last = len(node.shape) - 1
+        if nodes[s].op is not Op.REDUCE_SUM or tuple(nodes[s].attr("axes")) != (last,) or ins(s) != (e,):
+            continue
+        if nodes[e].op is not Op.EXP or not only(e, {d, s}) or not only(s, {d}):
+            continue
+        (u,) = ins(e)
+        if nodes[u].op is not Op.SUB or not only(u, {e}):
+            continue
+        x, m = ins(u)
+        if nodes[m].op is not Op.REDUCE_MAX or tuple(nodes[m].attr("axes")) != (last,) or ins(m) != (x,):
+            continue
+        if not only(m, {u}) or nodes[x].shape != node.shape:
+            continue
+        found[d] = ((x,), "Softmax", {"axis": last})
+    return found
+
+
+def _raise_layer_norms(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+    """LayerNormalization (opset 17) for fission's form (normalization.py):
+    mean = REDUCE_SUM(x)/n, c = x - mean, inv = 1/SQRT(REDUCE_SUM(c*c)/n + eps),
+    y = c * inv * Scale (+ B), over trailing axes, with Scale and B of the normalized
+    shape. onnxruntime runs it as one kernel (eleven primitives otherwise)."""
+    ins, users = _effective(graph, eff)
+    outs = set(graph.outputs.values())
+    nodes = graph.nodes
+    only = lambda nid, allowed: nid not in outs and set(users[nid]) <= allowed  # noqa: E731
+
+    def mean_of(nid: int) -> tuple[int, tuple[int, ...]] | None:
+        """(x, axes) when ``nid`` is DIV(REDUCE_SUM(x, axes), count) with the right count."""
+        if nodes[nid].op is not Op.DIV:
+            return None
+        s, n = ins(nid)
+        if nodes[s].op is not Op.REDUCE_SUM or not only(s, {nid}):
+            return None
+        (x,) = ins(s)
+        axes = tuple(nodes[s].attr("axes"))
+        count = math.prod(nodes[x].shape[a] for a in axes)
+        return (x, axes) if _scalar(graph, n) == float(count) else None
+
+    def operands(nid: int, op: Op) -> tuple[int, int] | None:
+        return tuple(ins(nid)) if nodes[nid].op is op and len(ins(nid)) == 2 else None  # type: ignore[return-value]
+
+    found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
+    for top, node in enumerate(nodes):
+        if np.dtype(node.dtype).kind != "f" or node.dtype not in ("float32", "float64", "float16"):
+            continue
+        bias, scaled = None, top
+        add = operands(top, Op.ADD)
+        if add is not None:
+            scaled, bias = add
+        mul = operands(scaled, Op.MUL)
+        if mul is None or (bias is not None and not only(scaled, {top})):
+            continue
+        y, scale = mul
+        yo = operands(y, Op.MUL)
+        if yo is None or not only(y, {scaled}):
+            continue
+        c, inv = yo
+        r = nodes[inv]
+        if r.op is not Op.RECIPROCAL or not only(inv, {y}):
+            continue
+        (sq,) = ins(inv)
+        if nodes[sq].op is not Op.SQRT or not only(sq, {inv}):
+            continue
+        (ve,) = ins(sq)
+        veo = operands(ve, Op.ADD)
+        if veo is None or not only(ve, {sq}) or _scalar(graph, veo[1]) is None:
+            continue
+        var, eps = veo[0], _scalar(graph, veo[1])
+        vm = mean_of(var)
+        if vm is None or not only(var, {ve}):
+            continue
+        sqr, axes = vm
+        if operands(sqr, Op.MUL) != (c, c) or not only(sqr, {ins(var)[0]}):
+            continue
+        co = operands(c, Op.SUB)
+        if co is None or not only(c, {sqr, y}):
+            continue
+        x, mean = co
+        mm = mean_of(mean)
+        rank = len(node.shape)
+        if mm != (x, axes) or not only(mean, {c}) or nodes[x].shape != node.shape:
+            continue
+        first = axes[0] if axes else rank
+        if axes != tuple(range(first, rank)) or first == 0:
+            continue
+        norm = tuple(node.shape[first:])
+
+        def of_norm_shape(v: int, norm: tuple[int, ...] = norm) -> int | None:
+            """``v``, or the source of ``v``'s RESHAPE to [1, .., *norm], shaped ``norm``."""
+            if nodes[v].shape == norm:
+                return v
+            if nodes[v].op is Op.RESHAPE and nodes[nodes[v].inputs[0]].shape == norm:
+                return nodes[v].inputs[0]
+            return None
+
+        scale = of_norm_shape(scale)
+        if bias is not None:
+            bias = of_norm_shape(bias)
+            if bias is None:
+                continue
+        if scale is None:
+            continue
+        srcs = (x, scale) if bias is None else (x, scale, bias)
+        found.pop(scaled, None)  # matched alone first (ids are topological): B makes it inner
+        found[top] = (srcs, "LayerNormalization", {"axis": first, "epsilon": eps})
     return found

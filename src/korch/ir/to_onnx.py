@@ -21,7 +21,13 @@ import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
-from korch.ir.raising import _raise_hard_activations, _raise_max_pools, _upsample_factor
+from korch.ir.raising import (
+    _raise_hard_activations,
+    _raise_layer_norms,
+    _raise_max_pools,
+    _raise_softmax,
+    _upsample_factor,
+)
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 
@@ -253,11 +259,11 @@ class _Exporter:
         ins = self.eff.get(nid, node.inputs)
         raised = self.raised.get(nid)
         if raised is not None:
-            x = self.tensor(ins[0])
+            xs = [self.tensor(i) for i in ins]
             if raised[0] == "HardSwish" and self.opset < 14:
-                self.op("Mul", [x, self.op("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5)], out)
+                self.op("Mul", [xs[0], self.op("HardSigmoid", xs, alpha=1.0 / 6.0, beta=0.5)], out)
             else:
-                self.op(raised[0], [x], out, **raised[1])
+                self.op(raised[0], xs, out, **raised[1])
         elif op is Op.CAST:
             self.cast(self.tensor(ins[0]), self.node_dtype(ins[0]), node.dtype, out)
         elif op in _UNARY or op in _BINARY:
@@ -456,6 +462,19 @@ class _Exporter:
         return self.op("Unsqueeze", [x], axes=[axis])
 
 
+def _model_opset_at_least(graph: Graph, opset: int, want: int) -> bool:
+    """Whether the exported model's default opset is >= ``want`` whichever opaque nodes
+    stay live (the model takes their highest opset, ``opset`` when there are none)."""
+    theirs = [
+        int(ver)
+        for node in graph.nodes
+        if node.op is Op.OPAQUE
+        for dom, ver in node.attr("opset")
+        if dom in ("", "ai.onnx")
+    ]
+    return min(theirs) >= want if theirs else opset >= want
+
+
 def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
     """Inputs of binary elementwise nodes with explicit BROADCASTs replaced by their source.
 
@@ -468,17 +487,31 @@ def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
             continue
         ins = list(node.inputs)
         changed = False
-        for i, src in enumerate(ins):
-            snode = graph.nodes[src]
-            if snode.op is not Op.BROADCAST:
-                continue
-            trial = ins[:i] + [snode.inputs[0]] + ins[i + 1 :]
-            if tuple(np.broadcast_shapes(*[graph.nodes[t].shape for t in trial])) == node.shape:
-                ins = trial
-                changed = True
+        for i in range(len(ins)):
+            while True:
+                snode = graph.nodes[ins[i]]
+                # a BROADCAST, or a RESHAPE that only prepends ones (a bias [N] as [1, 1, N]:
+                # onnxruntime fuses MatMul + Add into Gemm only for the [N] form)
+                if snode.op is Op.BROADCAST or (
+                    snode.op is Op.RESHAPE and _strip_ones(snode.shape) == graph.nodes[snode.inputs[0]].shape
+                ):
+                    trial = ins[:i] + [snode.inputs[0]] + ins[i + 1 :]
+                    if tuple(np.broadcast_shapes(*[graph.nodes[t].shape for t in trial])) == node.shape:
+                        ins = trial
+                        changed = True
+                        continue
+                break
         if changed:
             out[nid] = tuple(ins)
     return out
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its leading ones."""
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])
 
 
 def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
@@ -557,8 +590,12 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
 
     const_inputs = dict(const_inputs or {})
     eff = _bypass_broadcasts(graph)
-    raised = {**_raise_max_pools(graph), **_raise_hard_activations(graph)}
-    eff.update({nid: (src,) for nid, (src, _, _) in raised.items()})
+    raised = {nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_max_pools(graph).items()}
+    raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_hard_activations(graph).items()})
+    raised.update(_raise_softmax(graph, eff))
+    if _model_opset_at_least(graph, opset, 17):
+        raised.update(_raise_layer_norms(graph, eff))
+    eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
     domains: dict[str, int] = {}

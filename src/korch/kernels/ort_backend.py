@@ -144,8 +144,9 @@ class OrtBackend(Backend):
         import onnxruntime as ort
 
         # the export's revision: to_onnx raising nearest-upsample Gathers to Resize and
-        # pooling windows to MaxPool (2), hard activations (3) changed what a kernel runs
-        return f"onnxruntime-{ort.__version__}; export 3"
+        # pooling windows to MaxPool (2), hard activations (3), Softmax, LayerNormalization
+        # and [N] biases (4) changed what a kernel runs
+        return f"onnxruntime-{ort.__version__}; export 4"
 
 
 register(OrtBackend())
