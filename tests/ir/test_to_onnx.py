@@ -482,3 +482,15 @@ def test_bias_of_a_batched_matmul_is_exported_unreshaped():
     model = check(graph, {"x": randn(1, 5, 6)}, rtol=1e-5, atol=1e-5)
     assert [n.op_type for n in model.graph.node] == ["MatMul", "Add"]
     assert sorted(list(i.dims) for i in model.graph.initializer) == [[4], [6, 4]]
+
+
+def test_fissioned_global_average_pool_goes_back_as_the_operator():
+    """REDUCE_SUM over H, W divided by H * W is exported as GlobalAveragePool, which
+    onnxruntime keeps in its blocked layout after a Conv."""
+    orig, graph = _fission_of(
+        [helper.make_node("GlobalAveragePool", ["x"], ["y"])], [("x", [2, 3, 5, 7])], [2, 3, 1, 1]
+    )
+    feeds = {"x": randn(2, 3, 5, 7)}
+    model = check(graph, feeds)
+    assert [n.op_type for n in model.graph.node] == ["GlobalAveragePool"]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-6, atol=1e-6)

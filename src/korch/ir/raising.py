@@ -298,3 +298,31 @@ def _raise_layer_norms(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[in
         found.pop(scaled, None)  # matched alone first (ids are topological): B makes it inner
         found[top] = (srcs, "LayerNormalization", {"axis": first, "epsilon": eps})
     return found
+
+
+def _raise_global_average_pools(
+    graph: Graph, eff: dict[int, tuple[int, ...]]
+) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+    """GlobalAveragePool for fission's DIV(REDUCE_SUM(x, all spatial axes), count) on an
+    NC... tensor: onnxruntime runs it in its blocked layout after a Conv, where a
+    ReduceSum first reorders the Conv's output back to NCHW."""
+    ins, users = _effective(graph, eff)
+    outs = set(graph.outputs.values())
+    nodes = graph.nodes
+    found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
+    for d, node in enumerate(nodes):
+        if node.op is not Op.DIV or np.dtype(node.dtype).kind != "f" or len(node.shape) < 3:
+            continue
+        s, n = ins(d)
+        if nodes[s].op is not Op.REDUCE_SUM or s in outs or users[s] != [d]:
+            continue
+        (x,) = ins(s)
+        rank = len(nodes[x].shape)
+        if tuple(nodes[s].attr("axes")) != tuple(range(2, rank)) or node.shape != nodes[x].shape[:2] + (1,) * (
+            rank - 2
+        ):
+            continue
+        if _scalar(graph, n) != float(math.prod(nodes[x].shape[2:])):
+            continue
+        found[d] = ((x,), "GlobalAveragePool", {})
+    return found

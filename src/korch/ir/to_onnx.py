@@ -22,6 +22,7 @@ import numpy as np
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
 from korch.ir.raising import (
+    _raise_global_average_pools,
     _raise_hard_activations,
     _raise_layer_norms,
     _raise_max_pools,
@@ -593,6 +594,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     raised = {nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_max_pools(graph).items()}
     raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_hard_activations(graph).items()})
     raised.update(_raise_softmax(graph, eff))
+    raised.update(_raise_global_average_pools(graph, eff))
     if _model_opset_at_least(graph, opset, 17):
         raised.update(_raise_layer_norms(graph, eff))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
