@@ -95,11 +95,12 @@ def grid_configs(g, num_threads: int, vb: int, extra=()) -> list:
 def _memory_kernels(name: str):
     from korch import models
     from korch.fission import fission
+    from korch.frontend import load_model
     from korch.identify import candidates
     from korch.ir.subgraph import canonical_hash, extract, kernel_class
     from korch.partition import partition
 
-    g = fission(models.build(name))
+    g = fission(load_model(models.build(name)))  # shapes inferred, as the pipeline loads it
     seen = {}
     for part in partition(g, 400):
         for k in candidates(g, part, 24):

@@ -494,3 +494,27 @@ def test_fissioned_global_average_pool_goes_back_as_the_operator():
     model = check(graph, feeds)
     assert [n.op_type for n in model.graph.node] == ["GlobalAveragePool"]
     np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"])
+@pytest.mark.parametrize("out_hw", [(12, 20), (12, 5)])
+def test_fissioned_bilinear_resize_goes_back_as_one_resize(mode, out_hw):
+    """fission's per-axis Gathers and weights of a linear Resize over H and W are
+    exported as one Resize with the coordinate mode that reproduces the weights."""
+    from onnx import numpy_helper
+
+    sizes = numpy_helper.from_array(np.array([1, 3, *out_hw], np.int64), "sizes")
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", coordinate_transformation_mode=mode)
+    orig, graph = _fission_of([node], [("x", [1, 3, 6, 10])], [1, 3, *out_hw], opset=17, inits=[sizes])
+    feeds = {"x": randn(1, 3, 6, 10)}
+    model = check(graph, feeds, rtol=1e-5, atol=1e-6)
+    assert [n.op_type for n in model.graph.node] == ["Resize"]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-5, atol=1e-6)
+    # as a kernel (what a library region exports): the weights are inputs with values
+    from korch.ir.subgraph import extract, make_kernel
+
+    k = make_kernel(graph, graph.users(), graph.compute_ids())
+    consts = {f"in{i}_c": graph.const_value(s) for i, s in enumerate(k.inputs) if graph.nodes[s].op is Op.CONST}
+    assert consts
+    kernel_model = to_onnx(extract(graph, k), const_inputs=consts)
+    assert [n.op_type for n in kernel_model.graph.node] == ["Resize"]

@@ -25,6 +25,7 @@ from korch.ir.raising import (
     _raise_global_average_pools,
     _raise_hard_activations,
     _raise_layer_norms,
+    _raise_linear_resizes,
     _raise_max_pools,
     _raise_softmax,
     _upsample_factor,
@@ -261,7 +262,11 @@ class _Exporter:
         raised = self.raised.get(nid)
         if raised is not None:
             xs = [self.tensor(i) for i in ins]
-            if raised[0] == "HardSwish" and self.opset < 14:
+            if raised[0] == "Resize":
+                attrs = {k: v for k, v in raised[1].items() if k != "sizes"}
+                sizes = self.init(np.asarray(raised[1]["sizes"], np.int64), "sizes")
+                self.op("Resize", [xs[0], "", "", sizes], out, **attrs)
+            elif raised[0] == "HardSwish" and self.opset < 14:
                 self.op("Mul", [xs[0], self.op("HardSigmoid", xs, alpha=1.0 / 6.0, beta=0.5)], out)
             else:
                 self.op(raised[0], xs, out, **raised[1])
@@ -595,6 +600,8 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_hard_activations(graph).items()})
     raised.update(_raise_softmax(graph, eff))
     raised.update(_raise_global_average_pools(graph, eff))
+    if _model_opset_at_least(graph, opset, 13):
+        raised.update(_raise_linear_resizes(graph, eff, const_inputs))
     if _model_opset_at_least(graph, opset, 17):
         raised.update(_raise_layer_norms(graph, eff))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})

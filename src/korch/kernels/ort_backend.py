@@ -145,8 +145,8 @@ class OrtBackend(Backend):
 
         # the export's revision: to_onnx raising nearest-upsample Gathers to Resize and
         # pooling windows to MaxPool (2), hard activations (3), Softmax, LayerNormalization
-        # and [N] biases (4) changed what a kernel runs
-        return f"onnxruntime-{ort.__version__}; export 4"
+        # and [N] biases (4), GlobalAveragePool (5), linear Resize (6) changed what a kernel runs
+        return f"onnxruntime-{ort.__version__}; export 6"
 
 
 register(OrtBackend())
