@@ -262,14 +262,9 @@ def step_plans(ctx: Context) -> None:
     base = ctx.chosen
     has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
     for f in s.region_bias if has_regions else ():
-        alt = _solve_all(ctx, lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us)
-        key = tuple(c.kernel.nodes for c in alt)
-        if key in seen:
-            continue
-        seen.add(key)
-        ctx.chosen = alt
-        step_build(ctx)
-        plans[f"regions x{f:g}"] = (alt, ctx.executable)
+        _add_plan(
+            ctx, plans, seen, f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us
+        )
     # the whole graph as one region: what onnxruntime makes of korch's primitive graph
     # (rewritten, raised), one call; kept only when nothing korch composed beats it
     g = ctx.graph
@@ -343,16 +338,27 @@ def _in_place_plans(ctx: Context, plans: dict, seen: set, feeds) -> dict[str, fl
                 us = c.cost_us * sc.get(c.kind, overall)
             return us + per_call
 
-        alt = _solve_all(ctx, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call))
-        key = tuple(c.kernel.nodes for c in alt)
-        if key in seen:
+        name = f"in place {r + 1}"
+        if not _add_plan(
+            ctx, plans, seen, name, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call)
+        ):
             break
-        seen.add(key)
-        ctx.chosen = alt
-        step_build(ctx)
-        chosen, exe = alt, ctx.executable
-        plans[f"in place {r + 1}"] = (alt, exe)
+        chosen, exe = plans[name]
     return scales
+
+
+def _add_plan(ctx: Context, plans: dict, seen: set, name: str, cost: Callable[[Candidate], float]) -> bool:
+    """The BLP on ``cost``, built and added to ``plans`` as ``name`` unless an earlier plan
+    chose the same kernels."""
+    alt = _solve_all(ctx, cost)
+    key = tuple(c.kernel.nodes for c in alt)
+    if key in seen:
+        return False
+    seen.add(key)
+    ctx.chosen = alt
+    step_build(ctx)
+    plans[name] = (alt, ctx.executable)
+    return True
 
 
 def _unrewritten_plan(ctx: Context) -> tuple[list[Candidate], Any]:
