@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from korch.ir.graph import Graph
-from korch.ir.ops import Op
+from korch.ir.ops import GroupOp, Op
 
 
 def _upsample_factor(idx: np.ndarray, n_in: int) -> int:
@@ -420,3 +420,55 @@ def _raise_linear_resizes(
             del found[x]
         found[t] = ((src,), "Resize", {"mode": "linear", "coordinate_transformation_mode": mode, "sizes": sizes})
     return found
+
+
+def _model_opset_at_least(graph: Graph, opset: int, want: int) -> bool:
+    """Whether the exported model's default opset is >= ``want`` whichever opaque nodes
+    stay live (the model takes their highest opset, ``opset`` when there are none)."""
+    theirs = [
+        int(ver)
+        for node in graph.nodes
+        if node.op is Op.OPAQUE
+        for dom, ver in node.attr("opset")
+        if dom in ("", "ai.onnx")
+    ]
+    return min(theirs) >= want if theirs else opset >= want
+
+
+def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
+    """Inputs of binary elementwise nodes with explicit BROADCASTs replaced by their source.
+
+    ONNX broadcasting does the expansion for free, and onnxruntime only fuses a bias
+    into Conv/Gemm when it sees the unexpanded (C,1,1) or (N,) constant.
+    """
+    out: dict[int, tuple[int, ...]] = {}
+    for nid, node in enumerate(graph.nodes):
+        if node.op not in GroupOp.BINARY and node.op is not Op.WHERE:
+            continue
+        ins = list(node.inputs)
+        changed = False
+        for i in range(len(ins)):
+            while True:
+                snode = graph.nodes[ins[i]]
+                # a BROADCAST, or a RESHAPE that only prepends ones (a bias [N] as [1, 1, N]:
+                # onnxruntime fuses MatMul + Add into Gemm only for the [N] form)
+                if snode.op is Op.BROADCAST or (
+                    snode.op is Op.RESHAPE and _strip_ones(snode.shape) == graph.nodes[snode.inputs[0]].shape
+                ):
+                    trial = ins[:i] + [snode.inputs[0]] + ins[i + 1 :]
+                    if tuple(np.broadcast_shapes(*[graph.nodes[t].shape for t in trial])) == node.shape:
+                        ins = trial
+                        changed = True
+                        continue
+                break
+        if changed:
+            out[nid] = tuple(ins)
+    return out
+
+
+def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its leading ones."""
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])
