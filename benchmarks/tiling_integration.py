@@ -92,6 +92,17 @@ def grid_configs(g, num_threads: int, vb: int, extra=()) -> list:
     return list(dict.fromkeys(out))
 
 
+def _cfg_str(cfg) -> str:
+    """A tile config in a few characters: parallel axes, inner tile, vector width, threads."""
+    return f"p{cfg.parallel_axes}/i{cfg.inner_tile}/v{cfg.vector_width}/{'par' if cfg.parallel else 'ser'}"
+
+
+def _sol_str(sol) -> str:
+    if sol is None:
+        return "-"
+    return f"{sol.template} tiles {dict(zip(sol.axes, sol.tiles))} cores {sol.cores} pred {sol.time_us:.1f}us"
+
+
 def _memory_kernels(name: str):
     from korch import models
     from korch.fission import fission
@@ -150,6 +161,7 @@ def cmd_grid(args) -> dict:
                     samples[i].extend(time_kernel(built[i], inputs, 1, 3, 0.3))
             med = {i: statistics.median(v) for i, v in samples.items()}
             best = min(med.values())
+            ibest = min(med, key=med.get)
             rows.append(
                 {
                     "model": name,
@@ -162,6 +174,11 @@ def cmd_grid(args) -> dict:
                     "predicted_us": round(sol.time_us, 2) if sol else None,
                     "model_vs_best": round(best / med[0], 3),
                     "rule_vs_best": round(best / med[1], 3),
+                    "shape": list(kg.nodes[mcfg.anchor].shape),
+                    "best_config": _cfg_str(cfgs[ibest]),
+                    "model_config": _cfg_str(mcfg),
+                    "rule_config": _cfg_str(rcfg),
+                    "solution": _sol_str(sol),
                 }
             )
             r = rows[-1]
@@ -171,6 +188,13 @@ def cmd_grid(args) -> dict:
                 f"  load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
+            print(
+                f"    shape {r['shape']}  best {r['best_config']}  model {r['model_config']}"
+                f"  rule {r['rule_config']}  solution {r['solution']}",
+                flush=True,
+            )
+            if args.verbose:
+                print("    " + "  ".join(f"{_cfg_str(cfgs[i])} {med[i]:.1f}" for i in sorted(med, key=med.get)))
     good = [r for r in rows if "error" not in r]
     summary = {
         "kernels": len(good),
@@ -298,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tile-configs", default="model", choices=["model", "rule"])
+    p.add_argument("--verbose", action="store_true", help="grid: print every config's time")
     args = p.parse_args(argv)
     print("loadavg", os.getloadavg(), flush=True)
     if args.what == "grid":

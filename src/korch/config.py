@@ -54,6 +54,9 @@ class Settings:
     guided_rival_factor: float = 1.5
     guided_rivals: int = 0
     guided_optimism: float = 1.0
+    # after this many seconds of profiling the guided rounds turn pessimistic (Note
+    # [Model-guided profiling]) and converge on what is measured; 0: no budget
+    profile_budget_s: float = 300.0
     # end to end, time the executable with num_threads and with 1 thread and keep the
     # faster (Note [Runtime threads]); cpu target only
     choose_threads: bool = True

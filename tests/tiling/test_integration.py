@@ -116,15 +116,15 @@ def _oracle(h: str, pred: float | None, nodes: int) -> float:
     return pred * (0.7 + 0.7 * u)
 
 
-def test_guided_profiling_measures_fewer_and_matches_exhaustive():
+def _guided_on_mlp(**settings):
+    """Guided rounds on mlp against the oracle: (ctx, measured hashes, truth, stats)."""
     from korch.ir.subgraph import extract
     from korch.models import build
-    from korch.orchestrate import solve as blp
     from korch.orchestrate.guided import GuidedStats, _guided_rounds, _tile_and_predict
     from korch.pipeline import STEPS, Context
     from korch.profile.db import Measurement
 
-    s = Settings(progress=False, num_threads=2, rewrite=False, max_kernel_size=8)
+    s = Settings(progress=False, num_threads=2, rewrite=False, max_kernel_size=8, **settings)
     ctx = Context(s, build("mlp"), None)
     for name, fn in STEPS:
         if name == "profile":
@@ -151,8 +151,13 @@ def test_guided_profiling_measures_fewer_and_matches_exhaustive():
     measure([w for h, w in workloads.items() if h not in pred])
     gs = GuidedStats()
     _guided_rounds(ctx, workloads, pred, results, measure, gs)
-    measured = {h for h, _ in results}
-    assert len(measured) < len(workloads) / 3, (len(measured), len(workloads))
+    return ctx, {h for h, _ in results}, truth, gs, len(workloads)
+
+
+def _objectives(ctx, measured, truth) -> tuple[float, float]:
+    """(BLP objective over the measured candidates, over all candidates) on true costs."""
+    from korch.orchestrate import solve as blp
+
     guided = exhaustive = 0.0
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
@@ -161,5 +166,23 @@ def test_guided_profiling_measures_fewer_and_matches_exhaustive():
         ks = [c.kernel for c in cands]
         guided += blp(ctx.graph, part, ks, [truth[c.hash] if c.hash in measured else math.inf for c in cands]).objective
         exhaustive += blp(ctx.graph, part, ks, [truth[c.hash] for c in cands]).objective
+    return guided, exhaustive
+
+
+def test_guided_profiling_measures_fewer_and_matches_exhaustive():
+    ctx, measured, truth, gs, n = _guided_on_mlp(profile_budget_s=0.0)
+    assert gs.budget_round is None
+    assert len(measured) < n / 3, (len(measured), n)
+    guided, exhaustive = _objectives(ctx, measured, truth)
     # stated tolerance: within 3% of the orchestration exhaustive profiling finds
     assert guided <= exhaustive * 1.03, (guided, exhaustive)
+
+
+def test_guided_profiling_past_its_budget_turns_pessimistic_and_converges():
+    # Note [Model-guided profiling], step 5: a budget spent before the first round
+    _, optimistic, _, gs0, _ = _guided_on_mlp(profile_budget_s=0.0)
+    ctx, measured, truth, gs, n = _guided_on_mlp(profile_budget_s=1e-9)
+    assert gs.budget_round == 1
+    assert gs.rounds <= gs0.rounds and len(measured) <= len(optimistic)
+    guided, exhaustive = _objectives(ctx, measured, truth)
+    assert math.isfinite(guided) and guided >= exhaustive * (1 - 1e-9)

@@ -11,7 +11,13 @@ import pytest
 from korch.ir.graph import GraphBuilder
 from korch.ir.ops import Op
 from korch.tiling import examples as E
-from korch.tiling.calibrate import fit_bandwidth_model, fit_core_scaling, fit_linear, fit_transfer
+from korch.tiling.calibrate import (
+    fit_bandwidth_model,
+    fit_core_scaling,
+    fit_generated_bandwidth,
+    fit_linear,
+    fit_transfer,
+)
 from korch.tiling.describe import describe
 from korch.tiling.model import TemplateModel
 from korch.tiling.solvers import SOLVERS, _most_cores, axis_order, predict_latency_us, solve
@@ -229,12 +235,27 @@ def test_solution_is_pure_and_latency_prediction_orders_sizes():
 def test_fork_join_cost_keeps_small_kernels_on_one_core(solver):
     # the CPU target's fork/join (waking the thread pool) outweighs halving a tiny
     # kernel's work, not a big one's; without it the model always takes every core
+    # (on this VM's calibration two threads read no faster than one, so a big
+    # transfer-bound kernel stays on one core too; a transcendental-heavy one splits)
     tgt = TGTS["cpu"]
     assert tgt.fork_join > 0
-    small, big = describe(E.add_relu((64, 64))), describe(E.add_relu((512, 1024)))
+    small, big = describe(E.add_relu((64, 64))), describe(E.gelu((512, 1024)))
     assert solve(small, tgt, solver).cores == 1
     assert solve(big, tgt, solver).cores == tgt.cores
-    assert solve(small, tgt.replace(fork_join=0.0), "exhaustive").cores == tgt.cores
+    loads = describe(E.add_relu((512, 1024)))
+    assert solve(loads, tgt, "exhaustive").cores == 1
+    assert solve(loads, tgt.replace(fork_join=0.0, parallel_margin=0.0), "exhaustive").cores == tgt.cores
+
+
+def test_parallel_margin_keeps_marginal_splits_on_one_core():
+    # Note [Parallel margin]: a split is kept only if predicted that much faster
+    big = describe(E.gelu((512, 1024)))
+    tgt = TGTS["cpu"].replace(parallel_margin=0.0)
+    par = solve(big, tgt, "exhaustive")
+    assert par.cores == tgt.cores
+    one = solve(big, tgt.replace(parallel_margin=10.0), "exhaustive")
+    assert one.cores == 1 and par.time_us < one.time_us <= 11.0 * par.time_us
+    assert TGTS["ascend-a2"].parallel_margin == 0.0 and TGTS["cuda"].parallel_margin == 0.0
 
 
 def test_per_argument_cost_adds_per_tensor():
@@ -274,3 +295,17 @@ def test_fit_core_scaling_recovers_a_b():
     fa, fb, pc = fit_bandwidth_model(samples)
     assert fa == pytest.approx(a, rel=1e-3) and fb == pytest.approx(b, rel=1e-3) and pc == pytest.approx(30.0, rel=1e-3)
     assert fit_core_scaling(a + b, a + b / 2, 2) == pytest.approx((a, b))
+
+
+def test_fit_generated_bandwidth_from_slopes():
+    # a kernel on c cores moves S bytes in launch + fork-join + S / (c * (a + b / c)):
+    # the intercepts differ per core count and must not leak into the bandwidth
+    a, b = 10.0, 20.0
+    sizes = [1 << 18, 1 << 20, 1 << 22]
+    samples = {c: (sizes, [3000.0 + 13000.0 * (c > 1) + s / (c * (a + b / c)) for s in sizes]) for c in (1, 2)}
+    fa, fb = fit_generated_bandwidth(samples)
+    assert fa == pytest.approx(a, rel=1e-6) and fb == pytest.approx(b, rel=1e-6)
+    # no gain from the second core: all the bandwidth is shared (a ~ 0)
+    flat = {c: (sizes, [5000.0 + s / 30.0 for s in sizes]) for c in (1, 2)}
+    fa, fb = fit_generated_bandwidth(flat)
+    assert fa < 1e-2 and fa + fb == pytest.approx(30.0, rel=1e-3) and fa * 2 + fb == pytest.approx(30.0, rel=1e-3)

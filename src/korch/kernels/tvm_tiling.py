@@ -274,7 +274,9 @@ def _itemsize(dtype: str) -> int:
 #
 # * core split: ``parallel`` iff the solution uses more than one core;
 # * tile size: the schedule's row loop gets the fewest row-aligned leading axes whose
-#   rows number at least ``n_par`` (Note [Row tiling]); when
+#   rows number at least ``n_par`` and hold at most the model's tile each (Note [Row
+#   tiling]; a row cannot split a reduce axis, so a multi-pass tile of all 32
+#   channels x 2 of 34 rows becomes rows of one channel, not one row of 32); when
 #   the prefix is every axis, the fused loop is split into ``inner_tile`` elements, a
 #   multiple of the lanes dividing the size, as close as possible to size / n_par;
 # * where intermediates live: with a row-resident template (``elementwise``,
@@ -328,9 +330,11 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
     lanes = max(1, vector_bytes // itemsize)
     tiles = dict(zip(sol.axes, sol.tiles))
     n_par = 1
+    tile_elems = 1
     inner_tile_len = None
     for a in desc.axes:
         t = max(1, min(a.extent, tiles.get(a.name, a.extent)))
+        tile_elems *= t
         if not a.reduce:
             n_par *= math.ceil(a.extent / t)
         if a.innermost:
@@ -342,8 +346,17 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
     elif not stored:
         p = rank
     else:
-        # the fewest leading axes giving at least as many rows as the model has tiles
-        p = next((k for k in range(1, p_max + 1) if math.prod(node.shape[:k]) >= n_par), p_max)
+        # the fewest leading axes giving at least as many rows as the model has tiles,
+        # each row no larger than the model's tile (a multi-pass tiling splits the
+        # reduce axes, which a row cannot: its rows must be small instead)
+        p = next(
+            (
+                k
+                for k in range(1, p_max + 1)
+                if math.prod(node.shape[:k]) >= n_par and math.prod(node.shape[k:]) <= tile_elems
+            ),
+            p_max,
+        )
     inner_tile = 0
     if p == rank and rank > 0:
         inner_tile = _closest_inner_tile(node.size, lanes, node.size / max(1, n_par))

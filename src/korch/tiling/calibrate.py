@@ -13,8 +13,19 @@ Per pipe we time numpy operations against their size and fit the formula of Note
   ``t = per_call + per_elem * n``.
 
 numpy's own dispatch overhead (~1 us) is part of the fitted intercepts: an upper
-bound on a generated kernel's per-call cost. The result is a JSON file per machine
-(``target.calibration_path``), read by ``get_target("cpu")``. Run
+bound on a generated kernel's per-call cost. When TVM is installed the pipes that
+price generated kernels are measured on generated kernels instead (the numpy fits stay
+in the file as ``load_numpy``, ``store_numpy``, ``vec_numpy``):
+
+* load and store: a row sum and a broadcast, 256 KiB to 4 MiB (``calibrate_transfer_
+  generated``); on this VM (Dec 1 2026) one thread reads ~30 B/ns and two threads
+  together no more, where numpy's reduction read 12 B/ns -- the numpy fits made every
+  kernel look transfer-bound and twice as fast on two cores, so the model chose
+  parallel kernels that measured 1.5-2x slower than serial ones;
+* vector APIs: per-element slopes over a copy (``calibrate_vec_generated``);
+* launch, per-argument and fork-join terms (``calibrate_launch``).
+
+The result is a JSON file per machine (``target.calibration_path``), read by ``get_target("cpu")``. Run
 ``python -m korch.tiling.calibrate`` (``--full`` for more sizes and repeats).
 """
 
@@ -69,6 +80,21 @@ def fit_bandwidth_model(samples: dict[int, tuple[Sequence[float], Sequence[float
     inv_c = [1.0 / c for c in cores]
     b, a = fit_linear(inv_c, [fits[c][0] for c in cores])
     return max(a, 1e-3), max(b, 0.0), per_call
+
+
+def fit_generated_bandwidth(samples: dict[int, tuple[Sequence[float], Sequence[float]]]) -> tuple[float, float]:
+    """(a, b) of per-core bandwidth ``a + b / cores`` from {cores: (bytes, times)} of one
+    generated kernel run on that many cores: the slope of time against bytes at ``c``
+    cores is 1 / (c * per-core bandwidth); the intercepts (launch, fork-join) belong
+    to the launch terms, not the pipe."""
+    per_core = {}
+    for c, (sizes, times) in samples.items():
+        slope, _ = fit_linear(sizes, times)
+        per_core[c] = 1.0 / max(slope * c, 1e-12)
+    cs = sorted(per_core)
+    if len(cs) == 1:
+        return per_core[cs[0]], 0.0
+    return fit_core_scaling(per_core[cs[0]], per_core[cs[-1]], cs[-1])
 
 
 # --- measurements -------------------------------------------------------------------------
@@ -228,6 +254,9 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
         # per-call constant (~1 us of Python dispatch) is not a cost a generated loop pays
         out["vec"] = {**vec, **calibrate_vec_generated()}
         out["vec_numpy"] = vec
+        for name, pipe in calibrate_transfer_generated(cores).items():
+            out[f"{name}_numpy"] = out[name]
+            out[name] = pipe
     except ImportError:  # no TVM: the numpy-based vector costs and default launch terms stay
         pass
     l2 = _l2_bytes()
@@ -320,13 +349,56 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     return out
 
 
+def calibrate_transfer_generated(cores: int, repeat: int = 3) -> dict:
+    """Load and store pipes of generated kernels (Note [Calibration]): a row sum of a
+    [64, n/64] float32 tensor (reads n, writes 64) and a broadcast of [64, 1] to
+    [64, n/64] (writes n), 256 KiB to 4 MiB, the sizes activations have, on one thread
+    and on ``cores``; the per-core bandwidth comes from the slope of time against bytes
+    (``fit_generated_bandwidth``). numpy's reductions, which the GM fits use, read at
+    half the rate of a vectorised generated loop, and its per-call cost is Python's."""
+    from korch.ir import GraphBuilder, Op
+
+    rng = np.random.default_rng(0)
+    sizes = [1 << 16, 1 << 18, 1 << 20]  # float32 elements
+
+    def graph(kind: str, n: int):
+        b = GraphBuilder()
+        if kind == "load":
+            b.output("out0", b.reduce(Op.REDUCE_SUM, b.input("in0", (64, n // 64), "float32"), [1]))
+        else:
+            b.output("out0", b.broadcast_to(b.input("in0", (64, 1), "float32"), (64, n // 64)))
+        return b.graph
+
+    out = {}
+    for kind in ("load", "store"):
+        samples: dict[int, tuple[list[float], list[float]]] = {}
+        for c in sorted({1, cores}):
+            timers = [_generated_timer(graph(kind, n), cores, c > 1, rng) for n in sizes]
+            times = [min(t() for _ in range(repeat)) * 1e3 for t in timers]  # ns
+            samples[c] = ([4.0 * n for n in sizes], times)
+        a, b = fit_generated_bandwidth(samples)
+        out[kind] = {
+            "large": [a, b],
+            "small": [a, b],
+            "threshold": 0,
+            "per_call": 0.0,
+            "raw": {str(c): [list(map(float, s)), list(map(float, t))] for c, (s, t) in samples.items()},
+            "source": "generated",
+        }
+    return out
+
+
 def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     """Launch terms of the CPU target from generated kernels called the way the
     profiler calls them (``TvmKernel.__call__``; each sample a median of calls, the best
     of ``repeat`` interleaved rounds): ``launch + per_arg * tensors`` from tiny kernels
     with 2, 3 and 4 tensors (a linear fit in the tensor count), ``fork_join`` from a
-    4096-element kernel scheduled on one thread and on ``cores`` (the work is a few
-    hundred ns, so the difference is waking and joining the pool)."""
+    row kernel (``x - rowsum(x)`` on [64, 256], its row sums computed in the row loop,
+    as most fused kernels are) on one thread and on ``cores``: the parallel time less
+    the serial time shared out. On this VM (Dec 1 2026) that is 15-25 us where a flat
+    4096-element kernel, the probe used before, gives 10-13 us: row loops with
+    intermediates scale worse than flat ones, and the model must not choose two
+    threads for a 30 us kernel on the strength of the flat figure."""
     from korch.ir import GraphBuilder, Op
 
     def graph(n_in: int, n: int):
@@ -342,8 +414,10 @@ def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     counts = [2, 3, 4]
     kernels = [_generated_timer(graph(n - 1, 64), cores, False, rng) for n in counts]
     if cores > 1:
-        g = graph(2, 4096)
-        kernels += [_generated_timer(g, cores, False, rng), _generated_timer(g, cores, True, rng)]
+        b = GraphBuilder()
+        x = b.input("in0", (64, 256), "float32")
+        b.output("out0", b.binary(Op.SUB, x, b.broadcast_to(b.reduce(Op.REDUCE_SUM, x, [1]), (64, 256))))
+        kernels += [_generated_timer(b.graph, cores, False, rng), _generated_timer(b.graph, cores, True, rng)]
     # rounds interleave the kernels; the best round per kernel (each a median of
     # calls): microsecond calls on this VM vary 2x from one process state to the next
     rounds = [[k() for k in kernels] for _ in range(max(5, repeat))]
@@ -351,7 +425,7 @@ def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     per_arg, launch = fit_linear(counts, times[:3])
     out = {"launch": max(launch, 0.0) * 1e3, "per_arg": max(per_arg, 0.0) * 1e3}
     if cores > 1:
-        out["fork_join"] = max(times[4] - times[3], 0.0) * 1e3
+        out["fork_join"] = max(times[4] - times[3] / cores, 0.0) * 1e3
     out["launch_raw_us"] = {"tensors": counts, "times": times[:3], "one_vs_all_cores": times[3:]}
     return out
 

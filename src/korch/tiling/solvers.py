@@ -315,6 +315,18 @@ def _solution(model: TemplateModel, val: dict[str, int], solver: str, evaluation
     )
 
 
+def _fewer_cores(model: TemplateModel, val: dict[str, int]) -> dict[str, int]:
+    """``val`` on one core when the model predicts the split saves less than the
+    target's ``parallel_margin`` (Note [Parallel margin] in target.py)."""
+    margin = model.target.parallel_margin
+    if margin <= 0 or val.get("c", 1) <= 1 or val.get("k", 1) > 1:
+        return val
+    one = {**val, "c": 1}
+    t_one, ok = model.probe(_point(model, one))
+    t_par, _ = model.probe(_point(model, val))
+    return one if ok and t_one <= t_par * (1.0 + margin) else val
+
+
 def solve(
     kernel: KernelDesc | Graph, target: Target | str, solver: str = "axis-ge", templates: Sequence[str] | None = None
 ) -> TilingSolution | None:
@@ -333,6 +345,7 @@ def solve(
         val = solve_template(model, solver)
         if val is None:
             continue
+        val = _fewer_cores(model, val)
         sol = _solution(model, val, solver, model.evaluations - before)
         if best is None or sol.time_us < best.time_us:
             best = sol

@@ -24,6 +24,19 @@ tiling"), so one model and one set of solvers serve all three:
   thread pool and joining it: on the CPU this is what makes a small kernel slower
   on two cores than on one).
 
+Note [Parallel margin]
+~~~~~~~~~~~~~~~~~~~~~~
+A solution that uses several cores is kept only when the model predicts it at least
+``parallel_margin`` faster than the same tiles on one core; otherwise the kernel runs
+on one core. On the CPU the margin is 0.15: on this project's 2-core VM (Dec 1 2026,
+``benchmarks/tiling_integration.py grid --verbose``) fused row kernels of 20-50 us
+ran 1.3-1.6x *slower* on two threads than on one, where the model, with calibrated
+pipes and fork-join, predicted a 2-6% gain: two threads share one memory system, a
+row loop with intermediates scales worse than the flat kernels the fork-join probe
+runs, and TVM's pool does not spin (korch/__init__.py). Kernels whose split the model
+prices 30% or more faster (transcendental-heavy ones, e.g. GELU over 64K elements)
+did run faster on two. Ascend and the GPU have no margin.
+
 Time units are target-specific (cycles on Ascend, ns on CPU and GPU); ``unit_us``
 converts. Ascend A2 numbers are GE's published ones; the ones GE does not publish
 (MTE3 per-call cost, vector APIs other than Add) are marked as assumptions.
@@ -107,6 +120,7 @@ class Target:
     source: str = "defaults"  # "defaults", "published" or the calibration file
     per_arg: float = 0.0  # time units per tensor argument (input or output) per launch
     fork_join: float = 0.0  # time units per launch on more than one core
+    parallel_margin: float = 0.0  # Note [Parallel margin]
 
     @property
     def local_levels(self) -> tuple[BufferLevel, ...]:
@@ -241,24 +255,28 @@ def _cuda() -> Target:
 
 
 def _cpu_defaults() -> Target:
-    # A 2-core AVX-512 Xeon, in ns; ``calibrate`` replaces the pipe coefficients.
+    # ns per element and per call of generated kernels on this project's 2-core AVX-512
+    # VM (Dec 1 2026); ``calibrate`` replaces them with the machine's own
     vec = VecPipe(
         "vec",
         apis=(
-            ("default", 0.03, 20.0),
-            ("add", 0.03, 20.0),
-            ("mul", 0.03, 20.0),
-            ("div", 0.06, 20.0),
-            ("sqrt", 0.06, 20.0),
-            ("exp", 0.15, 20.0),
-            ("log", 0.2, 20.0),
-            ("tanh", 0.3, 20.0),
-            ("sigmoid", 0.25, 20.0),
-            ("erf", 0.4, 20.0),
-            ("reduce", 0.04, 20.0),
-            ("transpose", 0.15, 40.0),
-            ("copy", 0.03, 20.0),
-            ("broadcast", 0.03, 20.0),
+            ("default", 0.09, 5.0),
+            ("add", 0.09, 5.0),
+            ("mul", 0.09, 5.0),
+            ("div", 0.09, 5.0),
+            ("sqrt", 0.09, 5.0),
+            ("exp", 0.37, 5.0),
+            ("log", 2.7, 5.0),
+            ("tanh", 0.21, 5.0),
+            ("sigmoid", 0.55, 5.0),
+            ("erf", 0.24, 5.0),
+            ("compare", 0.1, 5.0),
+            ("select", 0.1, 5.0),
+            ("reduce", 0.01, 5.0),
+            ("transpose", 1.4, 5.0),
+            ("copy", 0.01, 5.0),
+            ("broadcast", 0.01, 5.0),
+            ("cast", 0.01, 5.0),
         ),
         head=0.0,
     )
@@ -270,18 +288,22 @@ def _cpu_defaults() -> Target:
             BufferLevel("l2", 1 << 20, 64, reserve=256 << 10),
             BufferLevel("l1", 48 << 10, 64, role="cache"),
         ),
-        load=TransferPipe("load", Bandwidth(6.0, 4.0), Bandwidth(6.0, 4.0), 0, 30.0, (1500.0, 0.0), (1500.0, 0.0)),
-        store=TransferPipe("store", Bandwidth(4.0, 3.0), Bandwidth(4.0, 3.0), 0, 30.0, (0.0, 0.0), (0.0, 0.0)),
+        # generated kernels on this project's 2-core VM (Dec 1 2026, Note [Calibration]):
+        # one thread reads ~33 B/ns and two together no more; stores ~50 B/ns per core
+        load=TransferPipe("load", Bandwidth(0.5, 32.0), Bandwidth(0.5, 32.0), 0, 0.0, (1500.0, 0.0), (1500.0, 0.0)),
+        store=TransferPipe("store", Bandwidth(50.0, 0.0), Bandwidth(50.0, 0.0), 0, 0.0, (0.0, 0.0), (0.0, 0.0)),
         vec=vec,
         vector_bytes=64,  # 16 fp32 lanes
         unit_us=1e-3,
-        launch=1000.0,
         overlap=0.5,
-        # uncalibrated guesses; `python -m korch.tiling.calibrate` measures them (this
-        # VM, Nov 30 2026: ~5.6 us per argument through TvmKernel, ~13 us to wake and
-        # join the second thread with TVM_THREAD_POOL_SPIN_COUNT=0, korch/__init__.py)
-        per_arg=500.0,
-        fork_join=15000.0,
+        # `python -m korch.tiling.calibrate` measures these on the machine at hand (this
+        # VM, Dec 1 2026: ~3.2 us per call and ~1.3 us per argument through TvmKernel,
+        # ~13 us to wake and join the second thread with TVM_THREAD_POOL_SPIN_COUNT=0,
+        # korch/__init__.py)
+        launch=3200.0,
+        per_arg=1300.0,
+        fork_join=13000.0,
+        parallel_margin=0.15,
     )
 
 
