@@ -21,12 +21,14 @@ in the file as ``load_numpy``, ``store_numpy``, ``vec_numpy``):
   generated``); on this VM (Dec 1 2026) one thread reads ~30 B/ns and two threads
   together no more, where numpy's reduction read 12 B/ns -- the numpy fits made every
   kernel look transfer-bound and twice as fast on two cores, so the model chose
-  parallel kernels that measured 1.5-2x slower than serial ones;
+  parallel kernels that measured 1.3-2.6x slower than serial ones (the tiling grid
+  in benchmarks/RESULTS.md);
 * vector APIs: per-element slopes over a copy (``calibrate_vec_generated``);
 * launch, per-argument and fork-join terms (``calibrate_launch``).
 
-The result is a JSON file per machine (``target.calibration_path``), read by ``get_target("cpu")``. Run
-``python -m korch.tiling.calibrate`` (``--full`` for more sizes and repeats).
+The result is a JSON file per machine (``target.calibration_path``), read by
+``get_target("cpu")``. Run ``python -m korch.tiling.calibrate`` (``--full`` for more
+sizes and repeats).
 """
 
 from __future__ import annotations
@@ -95,6 +97,18 @@ def fit_generated_bandwidth(samples: dict[int, tuple[Sequence[float], Sequence[f
     if len(cs) == 1:
         return per_core[cs[0]], 0.0
     return fit_core_scaling(per_core[cs[0]], per_core[cs[-1]], cs[-1])
+
+
+def _pipe_entry(a: float, b: float, per_call: float, samples: dict) -> dict:
+    """A transfer pipe as the calibration file stores it (one bandwidth regime) with
+    its raw {cores: (bytes, times)} samples."""
+    return {
+        "large": [a, b],
+        "small": [a, b],
+        "threshold": 0,
+        "per_call": per_call,
+        "raw": {str(c): [list(map(float, sz)), list(map(float, t))] for c, (sz, t) in samples.items()},
+    }
 
 
 # --- measurements -------------------------------------------------------------------------
@@ -213,14 +227,7 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
         }
         cs = sorted(per_core)
         a, b = fit_core_scaling(per_core[cs[0]], per_core[cs[-1]], cs[-1]) if len(cs) > 1 else (per_core[cs[0]], 0.0)
-        out[name] = {
-            "large": [a, b],
-            "small": [a, b],
-            "threshold": 0,
-            "per_call": spc,
-            "raw": {str(c): [list(map(float, s)), list(map(float, t))] for c, (s, t) in samples.items()},
-            "cached_bw": sbw,
-        }
+        out[name] = {**_pipe_entry(a, b, spc, samples), "cached_bw": sbw}
     vec: dict[str, list[float]] = {}
     # three float32 arrays of the largest size stay inside a 512 KiB L2
     elems = (
@@ -377,14 +384,7 @@ def calibrate_transfer_generated(cores: int, repeat: int = 3) -> dict:
             times = [min(t() for _ in range(repeat)) * 1e3 for t in timers]  # ns
             samples[c] = ([4.0 * n for n in sizes], times)
         a, b = fit_generated_bandwidth(samples)
-        out[kind] = {
-            "large": [a, b],
-            "small": [a, b],
-            "threshold": 0,
-            "per_call": 0.0,
-            "raw": {str(c): [list(map(float, s)), list(map(float, t))] for c, (s, t) in samples.items()},
-            "source": "generated",
-        }
+        out[kind] = {**_pipe_entry(a, b, 0.0, samples), "source": "generated"}
     return out
 
 
@@ -395,10 +395,9 @@ def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     with 2, 3 and 4 tensors (a linear fit in the tensor count), ``fork_join`` from a
     row kernel (``x - rowsum(x)`` on [64, 256], its row sums computed in the row loop,
     as most fused kernels are) on one thread and on ``cores``: the parallel time less
-    the serial time shared out. On this VM (Dec 1 2026) that is 15-25 us where a flat
-    4096-element kernel, the probe used before, gives 10-13 us: row loops with
-    intermediates scale worse than flat ones, and the model must not choose two
-    threads for a 30 us kernel on the strength of the flat figure."""
+    the serial time shared out (the flat 4096-element kernel used before had no work
+    to share). On this VM (Dec 1 2026) the three fits gave 11-18 us, median 12 us;
+    larger row kernels scale worse still (Note [Parallel margin] in target.py)."""
     from korch.ir import GraphBuilder, Op
 
     def graph(n_in: int, n: int):

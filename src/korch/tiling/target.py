@@ -33,9 +33,9 @@ on one core. On the CPU the margin is 0.15: on this project's 2-core VM (Dec 1 2
 ran 1.3-1.6x *slower* on two threads than on one, where the model, with calibrated
 pipes and fork-join, predicted a 2-6% gain: two threads share one memory system, a
 row loop with intermediates scales worse than the flat kernels the fork-join probe
-runs, and TVM's pool does not spin (korch/__init__.py). Kernels whose split the model
-prices 30% or more faster (transcendental-heavy ones, e.g. GELU over 64K elements)
-did run faster on two. Ascend and the GPU have no margin.
+runs, and TVM's pool does not spin (korch/__init__.py). The one grid kernel whose
+split the model priced 36% faster (a GELU over 64K elements) ran 1.5x faster on two
+threads and keeps them. Ascend and the GPU have no margin.
 
 Time units are target-specific (cycles on Ascend, ns on CPU and GPU); ``unit_us``
 converts. Ascend A2 numbers are GE's published ones; the ones GE does not publish
