@@ -21,7 +21,7 @@ tvm = pytest.importorskip("tvm")
 
 from korch.kernels.base import aligned_empty, get_backend  # noqa: E402
 from korch.kernels.tvm_backend import TvmBackend, prepare  # noqa: E402
-from korch.kernels.tvm_tiling import TileConfig, default_tile_config  # noqa: E402
+from korch.kernels.tvm_tiling import TileConfig, default_tile_config, model_tile_config, root_nests  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6
 # float32 sums are added in another order than numpy's pairwise sum: results near zero
@@ -98,6 +98,18 @@ def _maxpool(b):
     w = b.add(Op.WINDOW, [p], kernel=(3, 3), strides=(2, 2), dilations=(1, 1))
     r = b.reduce(Op.REDUCE_MAX, w, [4, 5])
     return [b.reshape(r, (1, 4, 8, 8))]
+
+
+def _sppf(b):
+    # YOLO's SPPF: three chained 5x5 max-pools (stride 1, pad 2), each pool an output
+    x = b.input("in0", (1, 4, 12, 12), F)
+    outs = []
+    for _ in range(3):
+        p = b.add(Op.PAD, [x], pads=((0, 0), (0, 0), (2, 2), (2, 2)), mode="constant", value=-math.inf)
+        w = b.add(Op.WINDOW, [p], kernel=(5, 5), strides=(1, 1), dilations=(1, 1))
+        x = b.reshape(b.reduce(Op.REDUCE_MAX, w, [4, 5]), (1, 4, 12, 12))
+        outs.append(x)
+    return outs
 
 
 def _avgpool_spatial(b):
@@ -189,6 +201,7 @@ CASES = {
     "gelu_erf": _gelu,
     "maxpool": _maxpool,
     "avgpool_spatial": _avgpool_spatial,
+    "sppf": _sppf,
     "two_outputs": _two_outputs,
     "chain_broadcast": _chain,
     "rank0": _rank0,
@@ -402,3 +415,62 @@ def test_row_reduction_with_a_copied_output_is_computed_before_its_consumer():
     assert cfg.parallel_axes == 2 and cfg.compute_at  # the fused schedule's case
     for seed in range(2):  # a fresh kernel each time: its first call must be right
         check(g, TvmBackend().build(g, {}, THREADS, tile_config=cfg), seed)
+
+
+def _root_statements(func) -> int:
+    body = func.body.block.body
+    return len(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else 1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_root_nests_predicts_the_scheduled_nests(name):
+    # the tiling model charges a fork-join per parallel nest from this count, made
+    # without scheduling; the scheduler's own result is the truth
+    g = make_graph(name)
+    for cfg in (default_tile_config(g, THREADS, 32), model_tile_config(g, THREADS, 32)[0]):
+        for c in (cfg, dataclass_replace(cfg, parallel_axes=0, compute_at=())):
+            assert root_nests(g, c) == _root_statements(prepare(g, THREADS, c).func), c
+
+
+def test_sppf_chain_runs_as_several_nests_and_the_model_keeps_it_on_one_core():
+    g = make_graph("sppf")
+    cfg = default_tile_config(g, THREADS, 32)
+    # each pool is an output read by the next pool: its copy pins it to the root
+    assert root_nests(g, cfg) > 1
+    from korch.tiling.target import get_target
+
+    slow_fork = get_target("cpu").replace(cores=THREADS, fork_join=1e6)  # 1 ms per fork-join
+    cfg, sol = model_tile_config(g, THREADS, 32, target=slow_fork)
+    assert not cfg.parallel and sol.cores == 1
+
+
+def test_a_reduction_anchor_gets_the_fused_schedule():
+    # a kernel whose largest output is a row reduction: the row loop is the reduction's
+    # own, its rfactor partial sums under it (before: a vectorize error, then the
+    # simple schedule with two parallel nests)
+    g = make_graph("reduce_sum_last")
+    cfg = dataclass_replace(default_tile_config(g, THREADS, 32), vector_width=8, parallel=True)
+    prep = prepare(g, THREADS, cfg)
+    assert prep.report.mode == "fused", prep.report
+    assert _root_statements(prep.func) == 1
+    script = prep.func.script()
+    assert "T.vectorized" in script and 'T.sblock("n1_rf' in script
+    check(g, TvmBackend().build(g, {}, THREADS, tile_config=cfg))
+
+
+def test_window_reductions_are_not_vectorised_by_hand():
+    # Note [Window reductions stay scalar]: the max over a pooling window is a plain
+    # nest (LLVM vectorises it better than a split across output columns)
+    g = make_graph("sppf")
+    script = prepare(g, THREADS, default_tile_config(g, THREADS, 32)).func.script()
+    lines = script.splitlines()
+    for i, ln in enumerate(lines):
+        m = re.search(r'T\.sblock\("(n\d+)"\)', ln)
+        if not m or g.nodes[int(m.group(1)[1:])].op is not Op.REDUCE_MAX:
+            continue
+        indent = len(ln) - len(ln.lstrip())
+        for prev in reversed(lines[:i]):
+            pind = len(prev) - len(prev.lstrip())
+            if pind < indent and prev.strip().startswith("for "):
+                assert "T.vectorized" not in prev, prev
+                indent = pind

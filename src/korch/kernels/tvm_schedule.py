@@ -19,7 +19,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from korch.ir.graph import Graph
-from korch.ir.ops import GroupOp
+from korch.ir.ops import GroupOp, Op
 from korch.kernels.tvm_tiling import TileConfig, prefix_axes
 
 
@@ -122,12 +122,22 @@ class _Scheduler:
         sch.vectorize(lane[0])
         sch.decompose_reduction(rf, red[0])
 
+    # Note [Window reductions stay scalar]
+    # A pooling window's reduction (REDUCE_MAX/SUM over a WINDOW view) is left to LLVM:
+    # split-and-vectorise along the output row, window loops outside, made YOLO's SPPF
+    # max-pool kernels 4-10x slower than the plain nest (5x5 window, stride 1, the pad
+    # inlined as a bounds test: 277-290 us vs 29-31 us for [1,16,32,32] on 2 cores,
+    # Dec 1 2026; with the pad stored, 53 vs 45 us), and the plain nest runs at the
+    # tiling model's prediction (~30 us). Reductions over plain axes (a channel mean in
+    # NCHW) keep the explicit vectorisation.
     def vectorize_reduce(self, nid: int, spatial: list, reduce: list) -> None:
         """Vectorise a reduction block with loops ``spatial + reduce`` along its last
-        spatial loop (reduction loops moved outside it), e.g. a pooling window."""
+        spatial loop (reduction loops moved outside it), e.g. a mean over channels."""
         sch, width = self.sch, self.cfg.vector_width
         if width <= 1 or not self.cfg.vectorize_reductions or not reduce:
             return
+        if self.g.nodes[self.g.nodes[nid].inputs[0]].op == Op.WINDOW:
+            return  # see Note [Window reductions stay scalar]
         sp = [s for s in spatial if _extent(sch, s) != 1]
         last = _extent(sch, sp[-1]) if sp else None
         if last is None or last < width or last % width:
@@ -216,7 +226,10 @@ class _Scheduler:
                 self.standalone(anchor)
             return
         targets = sorted((set(cfg.compute_at) | ({anchor} if anchor_copy else set())) & set(remaining), reverse=True)
-        for n in targets:
+        # a reduction as the anchor owns the loop: its rfactor block goes under it, and
+        # its own loops below the row loop are a reduction's, not an injective block's
+        anchor_reduce = not anchor_copy and self.is_reduce(anchor)
+        for n in targets + ([anchor] if anchor_reduce else []):
             if self.is_reduce(n):
                 rf = self.rfactor_row(n)
                 if rf is not None:
@@ -263,9 +276,16 @@ class _Scheduler:
                 self.report.at_root.append(f"n{n}")
                 if n in self.rf or n == anchor:
                     raise  # a half-placed pair: start again with the simple schedule
+        if anchor_reduce and anchor in self.rf:
+            sch.compute_at(self.rf[anchor], outer, preserve_unit_loops=True)
         if (_extent(sch, outer) or 2) > 1:
             self._parallel(outer)
-        self.vectorize_injective(rest)
+        if anchor_reduce:
+            self.inner(anchor, rest)
+            if anchor in self.rf:
+                self.vectorize_rf(anchor, self.rf[anchor], list(sch.get_loops(self.rf[anchor]))[1:])
+        else:
+            self.vectorize_injective(rest)
         for n in under:
             self.inner(n, list(sch.get_loops(sch.get_sblock(self.block_of[n])))[1:])
             if n in self.rf:

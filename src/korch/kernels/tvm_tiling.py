@@ -378,6 +378,88 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
     )
 
 
+# Note [Loop nests of a generated kernel]
+# The fused schedule (tvm_schedule) runs a kernel as one loop nest only when every
+# stored block lands under the anchor's row loop. TVM cannot ``compute_at`` a block
+# with a consumer outside the loop, so an output that is also read inside the kernel
+# (copied out by an ``o{j}`` block) pins itself and everything it reads to the root
+# whenever its copy cannot merge into the loop (the scheduler refuses that merge when
+# an uncopied reduction is under the loop). YOLO's SPPF chain (three 5x5 max-pools,
+# each pool an output) ran as eight nests; with each nest parallel it took 103-118 us
+# against 43 us on one core (2 cores, Dec 1 2026): every parallel nest pays the
+# target's fork-join. ``root_nests`` predicts the nest count without scheduling (the
+# model sees one launch), and ``model_tile_config`` charges the extra nests'
+# fork-joins before choosing between the cores the model wanted and one core.
+
+
+def rfactored(g: Graph, nid: int, cfg: TileConfig) -> bool:
+    """Whether the schedule splits reduction ``nid`` into ``vector_width`` partial
+    results (``tvm_schedule._Scheduler.rfactor_row``: an extra block, its own nest
+    when the reduction is not under the row loop)."""
+    node = g.nodes[nid]
+    if node.op not in GroupOp.REDUCE:
+        return False
+    in_shape = g.nodes[node.inputs[0]].shape
+    axes = node.attr("axes")
+    width = cfg.vector_width
+    if width <= 1 or not cfg.vectorize_reductions or len(in_shape) - 1 not in axes:
+        return False
+    ext = math.prod(in_shape[a] for a in axes)
+    return ext % width == 0 and ext >= 2 * width
+
+
+def root_nests(g: Graph, cfg: TileConfig) -> int:
+    """How many loop nests ``tvm_schedule.schedule(..., cfg)`` leaves at the root of
+    ``g``'s kernel (Note [Loop nests of a generated kernel]); assumes every inline and
+    every row-aligned ``compute_at`` of ``cfg`` succeeds, as the scheduler tries them."""
+    users = g.users()
+    inline = set(cfg.inline)
+    blocks = [n for n, node in enumerate(g.nodes) if node.op not in GroupOp.SOURCE and n not in inline]
+    copy_of: dict[int, int] = {}  # source node -> number of copy blocks
+    seen: set[int] = set()
+    for nid in g.outputs.values():
+        if users[nid] or nid in seen:
+            copy_of[nid] = copy_of.get(nid, 0) + 1
+        seen.add(nid)
+    n_copies = sum(copy_of.values())
+    anchor = cfg.anchor
+    rf = {n for n in blocks if rfactored(g, n, cfg)}
+    simple = len(blocks) + len(rf) + n_copies  # one nest per block, rfactor blocks too
+    if cfg.parallel_axes == 0:
+        return simple
+
+    def stored_consumers(n: int) -> set[int]:
+        out: set[int] = set()
+        for u in users[n]:
+            out |= stored_consumers(u) if u in inline else {u}
+        return out
+
+    anchor_copied = anchor in copy_of
+    is_reduce = {n: g.nodes[n].op in GroupOp.REDUCE for n in blocks}
+    targets = sorted((set(cfg.compute_at) | ({anchor} if anchor_copied else set())) & set(blocks), reverse=True)
+    # copies besides the anchor's own first copy, which the anchor's loop computes
+    other = {n: k - (1 if n == anchor else 0) for n, k in copy_of.items()}
+    copied = {n for n, k in other.items() if k > 0}
+    merge_ok = all(n in copied for n in targets if is_reduce[n])
+    node = g.nodes[anchor]
+    rank = len(node.shape)
+    rows = math.prod(node.shape[: cfg.parallel_axes])
+    if cfg.parallel_axes == rank and cfg.inner_tile and rows > cfg.inner_tile:
+        rows = -(-rows // cfg.inner_tile)
+    merged = {n for n in copied if n in targets and merge_ok and prefix_axes(g.nodes[n].shape, rows)}
+    under = {anchor} if not anchor_copied else set()
+    for n in targets:
+        # its copies outside the loop, or a consumer block outside it, pin it to the root
+        if (other.get(n, 0) and n not in merged) or not stored_consumers(n) <= under | {anchor}:
+            if n == anchor or n in rf:
+                return simple  # a half-placed pair: the scheduler starts again, simply
+            continue
+        under.add(n)
+    at_root = [n for n in blocks if n not in under and (n != anchor or anchor_copied)]
+    loose_copies = sum(k for n, k in other.items() if n not in merged)
+    return 1 + len(at_root) + len(rf & set(at_root)) + loose_copies
+
+
 def config_key(cfg: TileConfig) -> str:
     """The measurement-database ``config`` string of a tile config: its fields as
     compact, sorted JSON (the tiling stored as data with its measurement)."""
@@ -416,4 +498,14 @@ def model_tile_config(
         sol = None
     if sol is None:
         return default_tile_config(g, num_threads, vector_bytes), None
-    return tile_config_from_solution(g, sol, num_threads, vector_bytes, desc), sol
+    cfg = tile_config_from_solution(g, sol, num_threads, vector_bytes, desc)
+    nests = root_nests(g, cfg) if cfg.parallel else 1
+    if nests > 1 and tgt.fork_join:
+        # every parallel nest beyond the first pays a fork-join the model did not see
+        # (Note [Loop nests of a generated kernel]): keep the split only if it still wins
+        par = dataclasses.replace(sol, time_us=sol.time_us + (nests - 1) * tgt.fork_join * tgt.unit_us)
+        one = solve(desc, tgt.replace(cores=1), solver)
+        if one is not None and one.time_us <= par.time_us:
+            return tile_config_from_solution(g, one, num_threads, vector_bytes, desc), one
+        return cfg, par
+    return cfg, sol
