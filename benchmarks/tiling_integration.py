@@ -154,6 +154,7 @@ def cmd_grid(args) -> dict:
             ]
             if 0 not in ok or 1 not in ok:
                 rows.append({"model": name, "kernel": h[:10], "error": "chosen config failed"})
+                print(f"{name:16s} {h[:10]} ERROR: {'model' if 0 not in ok else 'rule'} config failed", flush=True)
                 continue
             samples: dict[int, list[float]] = {i: [] for i in ok}
             for _ in range(args.rounds):

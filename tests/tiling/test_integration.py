@@ -186,3 +186,43 @@ def test_guided_profiling_past_its_budget_turns_pessimistic_and_converges():
     assert gs.rounds <= gs0.rounds and len(measured) <= len(optimistic)
     guided, exhaustive = _objectives(ctx, measured, truth)
     assert math.isfinite(guided) and guided >= exhaustive * (1 - 1e-9)
+
+
+def _whole_tile_solution(g):
+    from korch.tiling.solvers import TilingSolution
+
+    desc = describe(g)
+    return desc, TilingSolution(
+        template=desc.templates[0],
+        axes=tuple(a.name for a in desc.axes),
+        tiles=tuple(a.extent for a in desc.axes),
+        cores=1,
+        reduce_split=1,
+        time_us=1.0,
+        buffer_bytes=(),
+        target="cpu",
+        solver="test",
+        evaluations=0,
+    )
+
+
+@pytest.mark.parametrize(("w", "rows_of_last_axis"), [(34, True), (32, False)])
+def test_ragged_rows_become_rows_of_the_last_axis(w, rows_of_last_axis):
+    # one tile of everything: the fewest leading axes (the batch) would make one row
+    # of 8 x 10 x w; with w not a multiple of the 16 lanes, vectors would straddle the
+    # channel/height boundaries, so the rows are channels x height (Note [Tiling to
+    # TileConfig]); the row loop cannot go deeper than the per-channel reductions allow
+    g = E.instancenorm(1, 8, 10, w)
+    desc, sol = _whole_tile_solution(g)
+    cfg = tile_config_from_solution(g, sol, 1, 64, desc)
+    _valid(g, cfg)
+    assert cfg.parallel_axes == (2 if rows_of_last_axis else 1)
+
+
+def test_vector_width_ignores_the_pooling_window_tile():
+    # the window's 3-wide axes are always whole tiles; vectors run along output rows
+    g = E.maxpool(1, 8, 34, 34, k=3, s=1)  # 32 x 32 outputs
+    desc, sol = _whole_tile_solution(g)
+    assert any(a.fixed for a in desc.axes)
+    cfg = tile_config_from_solution(g, sol, 1, 64, desc)
+    assert cfg.vector_width == 16
