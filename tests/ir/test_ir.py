@@ -1,5 +1,7 @@
 """The primitive IR: text form round-trips, the verifier rejects bad graphs, the interpreter is right."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -29,6 +31,17 @@ def test_text_roundtrip_and_numbers():
     want = np.exp(x - x.max(1, keepdims=True))
     want /= want.sum(1, keepdims=True)
     np.testing.assert_allclose(evaluate(g, {"x": x})["y"], want, rtol=1e-6)
+
+
+def test_text_roundtrip_keeps_non_finite_attributes():
+    # a max-pool's pad writes -inf; the results database stores kernels as this text
+    b = GraphBuilder()
+    x = b.input("x", (1, 2, 4, 4), "float32")
+    p = b.add(Op.PAD, [x], pads=((0, 0), (0, 0), (1, 1), (1, 1)), mode="constant", value=-math.inf)
+    b.output("y", p)
+    g = parse_graph(print_graph(b.graph))
+    assert_structural_equal(g, b.graph)
+    assert g.nodes[1].attr("value") == -math.inf
 
 
 def test_parse_rejects_wrong_declared_shape():

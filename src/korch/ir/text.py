@@ -35,6 +35,20 @@ def print_graph(graph: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _NonFinite(ast.NodeTransformer):
+    """``repr`` writes infinite and NaN floats as bare names (a max-pool's pad value is
+    -inf): read them back as floats."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id in ("inf", "nan"):
+            return ast.copy_location(ast.Constant(float(node.id)), node)
+        return node
+
+
+def _literal(text: str):
+    return ast.literal_eval(_NonFinite().visit(ast.parse(text, mode="eval")))
+
+
 def parse_graph(text: str, consts: dict[str, np.ndarray] | None = None, seed: int = 0) -> Graph:
     """Parse the text form. Named constants missing from ``consts`` get random values."""
     consts = dict(consts or {})
@@ -54,7 +68,7 @@ def parse_graph(text: str, consts: dict[str, np.ndarray] | None = None, seed: in
             raise ValueError(f"line {lineno}: cannot parse {raw!r}")
         tid, opname, args, attr_text, dtype, shape_text = m.groups()
         op = Op(opname)
-        attrs = ast.literal_eval(attr_text) if attr_text else {}
+        attrs = _literal(attr_text) if attr_text else {}
         shape = tuple(int(d) for d in shape_text.split(",") if d.strip())
         inputs = [ids[int(a.strip()[1:])] for a in args.split(",") if a.strip()]
         if op is Op.INPUT:
