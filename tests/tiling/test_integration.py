@@ -226,3 +226,72 @@ def test_vector_width_ignores_the_pooling_window_tile():
     assert any(a.fixed for a in desc.axes)
     cfg = tile_config_from_solution(g, sol, 1, 64, desc)
     assert cfg.vector_width == 16
+
+
+def _graph(build):
+    from korch.ir import GraphBuilder
+
+    b = GraphBuilder()
+    for j, out in enumerate(build(b)):
+        b.output(f"out{j}", out)
+    return b.graph
+
+
+def test_vector_apis_of_layout_primitives():
+    from korch.ir import Op
+
+    def calls(build):
+        return {c.api for c in describe(_graph(build)).calls}
+
+    # a head split keeps the innermost axis innermost: whole rows move, a copy
+    assert calls(lambda b: [b.transpose(b.input("x", (1, 64, 4, 32), "float32"), (0, 2, 1, 3))]) == {"copy"}
+    # K^T moves it: a transpose
+    assert calls(lambda b: [b.transpose(b.input("x", (1, 4, 64, 32), "float32"), (0, 1, 3, 2))]) == {"transpose"}
+
+    def pad(mode):
+        def build(b):
+            x = b.input("x", (1, 8, 32, 32), "float32")
+            extra = {"value": 0.0} if mode == "constant" else {}
+            return [b.add(Op.PAD, [x], pads=((0, 0), (0, 0), (1, 1), (1, 1)), mode=mode, **extra)]
+
+        return build
+
+    assert calls(pad("constant")) == {"pad"} and calls(pad("reflect")) == {"pad_reflect"}
+
+
+def test_a_pad_runs_as_rows_of_its_ragged_last_axis():
+    # one flat loop over [1,8,34,34] would remap each lane's index across row ends
+    from korch.ir import Op
+
+    g = _graph(
+        lambda b: [
+            b.add(
+                Op.PAD, [b.input("x", (1, 8, 32, 32), "float32")], pads=((0, 0), (0, 0), (1, 1), (1, 1)), mode="reflect"
+            )
+        ]
+    )
+    desc, sol = _whole_tile_solution(g)
+    cfg = tile_config_from_solution(g, sol, 1, 64, desc)
+    _valid(g, cfg)
+    assert cfg.parallel_axes == 3 and cfg.inner_tile == 0
+    # a plain elementwise kernel keeps the flat loop (its indices are linear)
+    g = E.add_relu((1, 8, 34, 34))
+    desc, sol = _whole_tile_solution(g)
+    assert tile_config_from_solution(g, sol, 1, 64, desc).parallel_axes == 4
+
+
+def test_a_narrow_anchor_keeps_the_vector_width_of_its_row_reduction():
+    # InstanceNorm's 1/std per channel: the anchor is [1,8,1,1], the variance's rows
+    # 32x32; the reduction's partial sums need the target's lanes
+    from korch.ir import Op
+
+    def build(b):
+        x = b.input("x", (1, 8, 32, 32), "float32")
+        var = b.binary(Op.DIV, b.reduce(Op.REDUCE_SUM, b.binary(Op.MUL, x, x), [2, 3]), b.scalar(1024.0, x))
+        return [b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, var))]
+
+    g = _graph(build)
+    desc, sol = _whole_tile_solution(g)
+    cfg = tile_config_from_solution(g, sol, 1, 64, desc)
+    _valid(g, cfg)
+    assert cfg.vector_width == 16

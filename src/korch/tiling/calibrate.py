@@ -277,10 +277,11 @@ def calibrate(target: str = "cpu", quick: bool = True, save: bool = True, path: 
     return out
 
 
-def _generated_timer(g, threads: int, parallel: bool, rng: np.random.Generator) -> Callable[[], float]:
-    """Build ``g`` as a generated TVM kernel (the rule's tiling, ``parallel`` forced) and
-    return a timer: each call gives the median per-call time in us, through
-    ``TvmKernel.__call__`` as the profiler times it, on positive aligned inputs."""
+def _generated_timer(g, threads: int, parallel: bool, rng: np.random.Generator, **cfg_changes) -> Callable[[], float]:
+    """Build ``g`` as a generated TVM kernel (the rule's tiling, ``parallel`` and
+    ``cfg_changes`` forced) and return a timer: each call gives the median per-call time
+    in us, through ``TvmKernel.__call__`` as the profiler times it, on positive aligned
+    inputs."""
     import dataclasses as dc
 
     from korch.kernels.base import aligned_copy
@@ -288,7 +289,7 @@ def _generated_timer(g, threads: int, parallel: bool, rng: np.random.Generator) 
     from korch.kernels.tvm_tiling import default_tile_config
     from korch.profile.timing import median, random_inputs, time_kernel
 
-    cfg = dc.replace(default_tile_config(g, threads, vector_bytes()), parallel=parallel)
+    cfg = dc.replace(default_tile_config(g, threads, vector_bytes()), parallel=parallel, **cfg_changes)
     k = TvmBackend().build(g, {}, threads, tile_config=cfg)
     args = [aligned_copy(np.abs(a) + 0.5) for a in random_inputs(g, {}, int(rng.integers(1 << 30)))]
     return lambda: median(time_kernel(k, args, 5, 5, 2.0))
@@ -315,7 +316,8 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     """Per-element vector costs (ns, float32) of generated kernels, one thread, data in
     L2: the slope of time against size of ``y = op(x[, x2])``, less the slope of a
     copy (``y = -x``) of the same sizes, which carries the loads and stores the model
-    prices in its transfer pipes. Rows for ``reduce`` (a row sum) and ``transpose``."""
+    prices in its transfer pipes. Rows for ``reduce`` (a row sum), ``transpose`` and
+    ``pad``/``pad_reflect`` (a spatial pad inlined into a copy)."""
     from korch.ir import GraphBuilder, Op
 
     rng = np.random.default_rng(0)
@@ -330,6 +332,12 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
             y = b.reduce(Op.REDUCE_SUM, x, [1])
         elif op == "TRANSPOSE":
             y = b.transpose(x, (1, 0))
+        elif op in ("PAD", "PAD_REFLECT"):
+            # a spatial pad of 1 around 32 x 32 planes, inlined into a copy
+            x = b.input("in0", (n // 1024, 32, 32), "float32")
+            mode = {"mode": "constant", "value": 0.0} if op == "PAD" else {"mode": "reflect"}
+            p = b.add(Op.PAD, [x], pads=((0, 0), (1, 1), (1, 1)), **mode)
+            y = b.unary(Op.NEG, p)
         elif arity == 2:
             y = b.binary(Op[op], x, b.input("in1", (n // 256, 256), "float32"))
         else:
@@ -340,7 +348,9 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     def slope(op: str, arity: int) -> float:
         ts = []
         for n in sizes:
-            timer = _generated_timer(unary_or_binary(op, arity, n), 1, False, rng)
+            # a padded plane runs as rows of its last axis (Note [Tiling to TileConfig])
+            rows = {"parallel_axes": 2, "inner_tile": 0} if op.startswith("PAD") else {}
+            timer = _generated_timer(unary_or_binary(op, arity, n), 1, False, rng, **rows)
             ts.append(min(timer() for _ in range(3)))
         return max((ts[1] - ts[0]) * 1e3 / (sizes[1] - sizes[0]), 0.0)  # ns per element
 
@@ -353,6 +363,9 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     out["select"] = out["compare"]
     out["reduce"] = [max(slope("REDUCE", 1) - base[1], 0.01), VEC_CALL_NS]
     out["transpose"] = [max(slope("TRANSPOSE", 1) - base[1], 0.01), VEC_CALL_NS]
+    # per input element; the padded output is (34/32)^2 larger, its stores priced apart
+    out["pad"] = [max(slope("PAD", 1) - base[1], 0.01), VEC_CALL_NS]
+    out["pad_reflect"] = [max(slope("PAD_REFLECT", 1) - base[1], 0.01), VEC_CALL_NS]
     return out
 
 

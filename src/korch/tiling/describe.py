@@ -64,11 +64,30 @@ _API = {
     Op.BROADCAST: "broadcast",
     Op.TRANSPOSE: "transpose",
     Op.SLICE: "copy",
-    Op.PAD: "copy",
     Op.CONCAT: "copy",
     Op.GATHER: "copy",
     Op.WINDOW: "copy",
 }
+
+
+def _api(graph: Graph, node) -> str:
+    """The vector API a primitive costs as. A transpose that keeps the innermost axis
+    innermost (a head split: [1,64,4,32] -> [1,4,64,32]) moves whole rows, a copy; one
+    that moves it is priced as the calibrated transpose (attention's 8k-element head
+    splits were predicted 10.5-12 us and ran in 3.1-3.9, Dec 1 2026)."""
+    if node.op is Op.TRANSPOSE:
+        src = graph.nodes[node.inputs[0]].shape
+        out_axes = [d for d, e in enumerate(node.shape) if e > 1]
+        in_axes = [d for d, e in enumerate(src) if e > 1]
+        if out_axes and in_axes and node.attr("perm")[out_axes[-1]] == in_axes[-1]:
+            return "copy"
+        return "transpose"
+    if node.op is Op.PAD:
+        # inlined into its consumer, a pad is a bounds test per element (constant) or
+        # index arithmetic (reflect, edge): candy's reflect pads ran 3.2x their price
+        # as a copy
+        return "pad" if node.attr("mode", "constant") == "constant" else "pad_reflect"
+    return _API.get(node.op, "add")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,7 +507,7 @@ def describe(graph: Graph) -> KernelDesc:
         if node.op in GroupOp.REDUCE:
             calls.append(ApiCall("reduce", n, node.inputs[0], itemsize))
         else:
-            calls.append(ApiCall(_API.get(node.op, "add"), n, n, itemsize))
+            calls.append(ApiCall(_api(graph, node), n, n, itemsize))
 
     # --- liveness over the per-tile program -------------------------------------------
     last_use = {n: max(users.get(n, [n])) for n in inputs + compute}

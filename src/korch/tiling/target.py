@@ -149,6 +149,8 @@ VEC_APIS = (
     "cast",
     "compare",
     "select",
+    "pad",
+    "pad_reflect",
 )
 
 
@@ -274,6 +276,8 @@ def _cpu_defaults() -> Target:
             ("select", 0.1, 5.0),
             ("reduce", 0.01, 5.0),
             ("transpose", 1.4, 5.0),
+            ("pad", 0.31, 5.0),  # a spatial pad inlined into a copy, per input element
+            ("pad_reflect", 0.44, 5.0),  # (measured on the session's VM of Dec 1 2026, later)
             ("copy", 0.01, 5.0),
             ("broadcast", 0.01, 5.0),
             ("cast", 0.01, 5.0),
