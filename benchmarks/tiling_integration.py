@@ -16,7 +16,12 @@ rounds, total optimize time, the Spearman rank correlation of predicted vs measu
 latency over all candidates the exhaustive run measured (generated kernels), and the
 end-to-end latency of both executables timed alternately in one process (medians),
 and the test-retest Spearman of the measurements themselves over the generated kernels
-both runs measured (the ceiling for any prediction's rank correlation).
+both runs measured (the ceiling for any prediction's rank correlation). The share
+measured is of candidate kernels (``candidates_measured_share``: candidates whose cost
+came from a measurement); ``measurements`` counts (kernel, library) pairs, three for a
+linear kernel. The executables compared are the BLP's plans: the end-to-end plan check
+(which may replace either by one onnxruntime session) and the runtime thread choice are
+off unless ``--plan-check``, so the comparison is of what each profiling chose.
 
 Both print os.getloadavg() (2 cores, shared with other engineers' tests): read the
 numbers with it. The last line is one JSON object. A benchmark, not a test.
@@ -263,6 +268,7 @@ def cmd_guided(args) -> dict:
                 num_threads=args.threads,
                 guided_profiling=mode == "guided",
                 tile_configs=args.tile_configs,
+                **({} if args.plan_check else {"region_bias": (), "choose_threads": False}),
             )
             load0 = os.getloadavg()[0]
             t0 = time.perf_counter()
@@ -272,8 +278,9 @@ def cmd_guided(args) -> dict:
             r = ctx.report
             res[mode] = {
                 "candidates": r["candidates"],
-                "measured": r["candidates_measured"],
+                "measurements": r["candidates_measured"],
                 "predicted_only": r.get("candidates_predicted"),
+                "candidates_measured": r["candidates"] - (r.get("candidates_predicted") or 0),
                 "rounds": r.get("profiling_rounds"),
                 "prediction_s": r.get("prediction_seconds"),
                 "optimize_s": round(secs, 1),
@@ -303,7 +310,12 @@ def cmd_guided(args) -> dict:
         lat = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
         res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
         res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
-        res["measured_share"] = round(res["guided"]["measured"] / max(1, res["guided"]["candidates"]), 3)
+        res["candidates_measured_share"] = round(
+            res["guided"]["candidates_measured"] / max(1, res["guided"]["candidates"]), 3
+        )
+        res["measurements_per_candidate"] = round(
+            res["guided"]["measurements"] / max(1, res["guided"]["candidates"]), 3
+        )
         print(name, {k: v for k, v in res.items() if k not in modes}, "load", os.getloadavg(), flush=True)
         out[name] = res
     out["spearman_all"] = round(_spearman(all_pred, all_meas), 3) if all_pred else None
@@ -324,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tile-configs", default="model", choices=["model", "rule"])
     p.add_argument("--verbose", action="store_true", help="grid: print every config's time")
+    p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
     args = p.parse_args(argv)
     print("loadavg", os.getloadavg(), flush=True)
     if args.what == "grid":

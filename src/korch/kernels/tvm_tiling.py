@@ -349,16 +349,22 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
         inner_tile_len = max(1, min(free[-1].extent, tiles.get(free[-1].name, free[-1].extent)))
     parallel = num_threads > 1 and sol.cores > 1
     split_reduce = sol.template == "split-reduce" and sol.reduce_split > 1
+    # the last axis that is not a unit one (a pooled [1,16,32,32,1,1]: the 32 columns):
+    # "rows of the last axis" below are rows of this one
+    last = max((d for d, e in enumerate(node.shape) if e > 1), default=rank - 1)
     if split_reduce or (stored and p_max == 0):
         p = 0
     elif not stored:
         p = rank
         # one flat loop over a ragged last axis remaps every lane's index when the
         # kernel pads, slices, concatenates, gathers or transposes: rows of the last
-        # axis (a reflect pad of 32 32x32 planes: 23.4 -> 18.6 us; constant 19.4 -> 13.9)
+        # axis (a reflect pad of 32 32x32 planes: 23.4 -> 18.6 us; constant 19.4 -> 13.9).
+        # So does a flat loop over a reduction's outputs (the reduction loops inside
+        # it): a 5x5 max-pool of [1,16,36,36] took 84 us flat, 8.5 us in rows
         remaps = any(g.nodes[n].op in _REMAPS for n in g.compute_ids())
-        if remaps and rank >= 2 and node.shape[-1] % lanes and math.prod(node.shape[:-1]) >= n_par:
-            p = rank - 1
+        ragged = remaps and node.shape[last] % lanes
+        if 0 < last and (ragged or node.op in GroupOp.REDUCE) and math.prod(node.shape[:last]) >= n_par:
+            p = last
     else:
         # the fewest leading axes giving at least as many rows as the model has tiles,
         # each row no larger than the model's tile (a multi-pass tiling splits the
@@ -375,8 +381,8 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
         # across axis boundaries (per-lane div/mod, padded tensors' bounds tests): rows
         # of the last axis instead (the grid, Dec 1 2026: candy's [1,32,34,34] InstanceNorm
         # tail 45.5 -> 35.8 us, a YOLO pad [1,16,36,36] 20.8 -> 14.6 us)
-        last_row = min(p_max, rank - 1)
-        if 0 < p < last_row and node.shape[-1] % lanes and math.prod(node.shape[:last_row]) >= n_par:
+        last_row = min(p_max, last)
+        if 0 < p < last_row and node.shape[last] % lanes and math.prod(node.shape[:last_row]) >= n_par:
             p = last_row
     inner_tile = 0
     if p == rank and rank > 0:

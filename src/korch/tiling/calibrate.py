@@ -317,7 +317,8 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     L2: the slope of time against size of ``y = op(x[, x2])``, less the slope of a
     copy (``y = -x``) of the same sizes, which carries the loads and stores the model
     prices in its transfer pipes. Rows for ``reduce`` (a row sum), ``transpose`` and
-    ``pad``/``pad_reflect`` (a spatial pad inlined into a copy)."""
+    ``pad``/``pad_reflect`` (a spatial pad inlined into a copy) and ``gather`` (a
+    table gather: a nearest upsample)."""
     from korch.ir import GraphBuilder, Op
 
     rng = np.random.default_rng(0)
@@ -332,6 +333,11 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
             y = b.reduce(Op.REDUCE_SUM, x, [1])
         elif op == "TRANSPOSE":
             y = b.transpose(x, (1, 0))
+        elif op == "GATHER":
+            # a nearest 2x upsample of the last axis (Resize's fission), inlined into a copy
+            x = b.input("in0", (n // 64, 32), "float32")
+            idx = tuple(i // 2 for i in range(64))
+            y = b.unary(Op.NEG, b.add(Op.GATHER, [x], axis=1, indices=idx, indices_shape=(64,)))
         elif op in ("PAD", "PAD_REFLECT"):
             # a spatial pad of 1 around 32 x 32 planes, inlined into a copy
             x = b.input("in0", (n // 1024, 32, 32), "float32")
@@ -366,6 +372,7 @@ def calibrate_vec_generated() -> dict[str, list[float]]:
     # per input element; the padded output is (34/32)^2 larger, its stores priced apart
     out["pad"] = [max(slope("PAD", 1) - base[1], 0.01), VEC_CALL_NS]
     out["pad_reflect"] = [max(slope("PAD_REFLECT", 1) - base[1], 0.01), VEC_CALL_NS]
+    out["gather"] = [max(slope("GATHER", 1) - base[1], 0.01), VEC_CALL_NS]  # per output element
     return out
 
 

@@ -65,16 +65,22 @@ _API = {
     Op.TRANSPOSE: "transpose",
     Op.SLICE: "copy",
     Op.CONCAT: "copy",
-    Op.GATHER: "copy",
+    Op.GATHER: "gather",
     Op.WINDOW: "copy",
 }
 
 
-def _api(graph: Graph, node) -> str:
+def _api(graph: Graph, node, stored: bool = False) -> str:
     """The vector API a primitive costs as. A transpose that keeps the innermost axis
     innermost (a head split: [1,64,4,32] -> [1,4,64,32]) moves whole rows, a copy; one
     that moves it is priced as the calibrated transpose (attention's 8k-element head
-    splits were predicted 10.5-12 us and ran in 3.1-3.9, Dec 1 2026)."""
+    splits were predicted 10.5-12 us and ran in 3.1-3.9, Dec 1 2026). A pooling window
+    read by its reduction is a view (a copy); one written out as a kernel output is a
+    gather whose every lane reads elsewhere, priced as a transpose (YOLO's materialised
+    5x5 windows, 409,600 elements: 330-440 us measured, ~0.8-1 ns an element, against
+    the calibrated transpose's 0.84; predicted 22-37 us as copies)."""
+    if node.op is Op.WINDOW and stored:
+        return "transpose"
     if node.op is Op.TRANSPOSE:
         src = graph.nodes[node.inputs[0]].shape
         out_axes = [d for d, e in enumerate(node.shape) if e > 1]
@@ -507,7 +513,7 @@ def describe(graph: Graph) -> KernelDesc:
         if node.op in GroupOp.REDUCE:
             calls.append(ApiCall("reduce", n, node.inputs[0], itemsize))
         else:
-            calls.append(ApiCall(_api(graph, node), n, n, itemsize))
+            calls.append(ApiCall(_api(graph, node, n in outputs), n, n, itemsize))
 
     # --- liveness over the per-tile program -------------------------------------------
     last_use = {n: max(users.get(n, [n])) for n in inputs + compute}

@@ -151,6 +151,7 @@ VEC_APIS = (
     "select",
     "pad",
     "pad_reflect",
+    "gather",
 )
 
 
@@ -278,6 +279,7 @@ def _cpu_defaults() -> Target:
             ("transpose", 1.4, 5.0),
             ("pad", 0.31, 5.0),  # a spatial pad inlined into a copy, per input element
             ("pad_reflect", 0.44, 5.0),  # (measured on the session's VM of Dec 1 2026, later)
+            ("gather", 0.22, 5.0),  # a nearest upsample's table gather, per output element
             ("copy", 0.01, 5.0),
             ("broadcast", 0.01, 5.0),
             ("cast", 0.01, 5.0),
