@@ -331,15 +331,16 @@ def test_a_narrow_anchor_keeps_the_vector_width_of_its_row_reduction():
 
 
 def test_seed_spreads_over_predicted_costs_and_respects_what_is_measured():
-    from korch.orchestrate.guided import SEED_PER_CLASS, _seed
+    from korch.orchestrate.guided import SEED_EVERY, SEED_PER_CLASS, _seed
 
-    pred = {f"g{i}": float(i) for i in range(10)} | {"l0": 5.0, "l1": 50.0, "l2": 500.0}
+    pred = {f"g{i:02d}": float(i) for i in range(80)} | {"l0": 5.0, "l1": 50.0, "l2": 500.0}
     klass = {h: ("linear" if h.startswith("l") else "generated") for h in pred}
-    assert SEED_PER_CLASS == {"generated": 4, "linear": 2}
-    # cheapest to dearest, evenly: g0, g3, g6, g9; the linear class's two ends
-    assert _seed(pred, klass, set()) == ["g0", "g3", "g6", "g9", "l0", "l2"]
+    assert SEED_PER_CLASS == {"generated": 4, "linear": 2} and SEED_EVERY == 20
+    # the midpoints of four cost quartiles; three linear workloads: one seed, the median
+    assert _seed(pred, klass, set()) == ["g10", "g30", "g50", "g70", "l1"]
     # a resumed database: classes already measured that often get no seed
-    assert _seed(pred, klass, {"g1", "g2", "g4", "g5", "l1"}) == ["l0"]
+    assert _seed(pred, klass, {"g01", "g02", "g04", "g05"}) == ["l1"]
+    assert _seed(pred, klass, {"g01", "g02", "l1"}) == ["g21", "g60"]  # of the 78 unmeasured
 
 
 def test_seeded_guided_profiling_with_a_model_off_by_3x_matches_exhaustive():

@@ -202,24 +202,27 @@ def step_profile(ctx) -> None:
 
 
 # workloads of each predicted class measured before the first round (Note [Model-guided
-# profiling], step 2)
+# profiling], step 2): at most this many, and one per SEED_EVERY of the class's workloads
 SEED_PER_CLASS = {"generated": 4, "linear": 2}
+SEED_EVERY = 20
 
 
 def _seed(pred: dict[str, float], klass: dict[str, str], measured: set[str]) -> list[str]:
-    """A few workloads of each predicted class, spread evenly over its predicted costs
-    (cheapest to dearest), so that the first round's optimistic scale starts from the
+    """A few workloads of each predicted class, at the midpoints of equal quantiles of
+    its predicted costs, so that the first round's optimistic scale starts from the
     model's level on this machine, not from the assumption that it has none. Classes
-    with that many measurements already (a resumed database) get none."""
+    with that many measurements already (a resumed database) get none. A small class
+    gets one seed per ``SEED_EVERY`` workloads (at least one)."""
     out: list[str] = []
-    for cls, k in SEED_PER_CLASS.items():
+    for cls, most in SEED_PER_CLASS.items():
         hs = sorted((h for h in pred if klass.get(h, "generated") == cls), key=lambda h: (pred[h], h))
+        k = min(most, max(1, -(-len(hs) // SEED_EVERY)))
         have = sum(1 for h in hs if h in measured)
         todo = [h for h in hs if h not in measured]
         k = min(k - have, len(todo))
         if k <= 0:
             continue
-        out += list(dict.fromkeys(todo[round(i * (len(todo) - 1) / max(1, k - 1))] for i in range(k)))
+        out += [todo[int((i + 0.5) * len(todo) / k)] for i in range(k)]  # quantile midpoints
     return out
 
 
