@@ -471,6 +471,22 @@ def test_fissioned_layer_norm_goes_back_as_layer_normalization(bias):
     assert "LayerNormalization" not in [n.op_type for n in model.graph.node]
 
 
+@pytest.mark.parametrize("opset", [13, 17])
+def test_fissioned_instance_norm_goes_back_as_instance_normalization(opset):
+    """fission's InstanceNormalization (the LayerNorm chain over H, W with per-channel
+    scale and B) is exported as the operator at any opset, its weights flattened to [C]
+    (candy_b1's 15 instance norms: 45.9 ms in onnxruntime spelled out, 42.6 as operators)."""
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(randn(3), "s"), numpy_helper.from_array(randn(3), "b")]
+    node = helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], epsilon=1e-5)
+    orig, graph = _fission_of([node], [("x", [2, 3, 5, 7])], [2, 3, 5, 7], opset=opset, inits=inits)
+    feeds = {"x": randn(2, 3, 5, 7) * 2 + 1}
+    model = check(graph, feeds, rtol=1e-5, atol=1e-5)
+    assert [n.op_type for n in model.graph.node if n.op_type != "Reshape"] == ["InstanceNormalization"]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_bias_of_a_batched_matmul_is_exported_unreshaped():
     """Add(MatMul(x[1, T, K], W), b[N]) keeps b as [N] (fission reshapes it to [1, 1, N]),
     the form onnxruntime fuses into one Gemm."""

@@ -268,6 +268,15 @@ class _Exporter:
                 attrs = {k: v for k, v in raised[1].items() if k != "sizes"}
                 sizes = self.init(np.asarray(raised[1]["sizes"], np.int64), "sizes")
                 self.op("Resize", [xs[0], "", "", sizes], out, **attrs)
+            elif raised[0] == "InstanceNormalization":
+                # scale and B are [C]; the raised pattern may hold them as [1, C, 1, ...]
+                flat = [
+                    x
+                    if len(self.g.nodes[i].shape) == 1
+                    else self.op("Reshape", [x, self.init(np.asarray([-1], np.int64), "flat")])
+                    for i, x in zip(ins[1:], xs[1:])
+                ]
+                self.op("InstanceNormalization", [xs[0], *flat], out, **raised[1])
             elif raised[0] == "HardSwish" and self.opset < 14:
                 self.op("Mul", [xs[0], self.op("HardSigmoid", xs, alpha=1.0 / 6.0, beta=0.5)], out)
             else:
@@ -552,8 +561,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     raised.update(_raise_global_average_pools(graph, eff))
     if _model_opset_at_least(graph, opset, 13):
         raised.update(_raise_linear_resizes(graph, eff, const_inputs))
-    if _model_opset_at_least(graph, opset, 17):
-        raised.update(_raise_layer_norms(graph, eff))
+    raised.update(_raise_layer_norms(graph, eff, layer_norm=_model_opset_at_least(graph, opset, 17)))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
