@@ -343,7 +343,8 @@ def test_bias_and_relu_reach_onnxruntime_unexpanded():
 
 def test_nearest_upsample_gathers_become_resize():
     """fission's nearest Resize (a GATHER per axis) goes back to onnxruntime as Resize,
-    which it runs in its blocked layout; a gather that is not an integer upsample stays."""
+    which it runs in its blocked layout (two chained, on different axes: one Resize); a
+    gather that is not an integer upsample stays."""
     b = GraphBuilder()
     x = b.input("x", (1, 3, 4, 5), "float32")
     h = b.add(Op.GATHER, [x], axis=2, indices=tuple(np.arange(8) // 2), indices_shape=(8,))
@@ -351,7 +352,7 @@ def test_nearest_upsample_gathers_become_resize():
     b.output("other", b.add(Op.GATHER, [x], axis=2, indices=(0, 0, 1, 2, 2, 3, 3, 3), indices_shape=(8,)))
     model = check(b.graph, {"x": randn(1, 3, 4, 5)})
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("Resize") == 2 and ops.count("Gather") == 1
+    assert ops.count("Resize") == 1 and ops.count("Gather") == 1
 
 
 @pytest.mark.parametrize(
@@ -469,6 +470,22 @@ def test_fissioned_layer_norm_goes_back_as_layer_normalization(bias):
     np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-5, atol=1e-5)
     model = check(graph, feeds, opset=16, rtol=1e-5, atol=1e-5)
     assert "LayerNormalization" not in [n.op_type for n in model.graph.node]
+
+
+def test_fissioned_2d_nearest_upsample_goes_back_as_one_resize():
+    """fission's nearest 2x Resize (a Gather per spatial axis) is exported as one Resize
+    (each Gather alone would be one Resize per axis: candy_b1's two upsamples ran as
+    four)."""
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+    orig, graph = _fission_of([node], [("x", [1, 3, 4, 5])], [1, 3, 8, 10], opset=13, inits=inits)
+    assert sum(graph.nodes[i].op is Op.GATHER for i in graph.compute_ids()) == 2
+    feeds = {"x": randn(1, 3, 4, 5)}
+    model = check(graph, feeds)
+    assert [n.op_type for n in model.graph.node] == ["Resize"]
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("opset", [13, 17])

@@ -327,6 +327,47 @@ def _raise_layer_norms(
     return found
 
 
+def _raise_nearest_upsamples(
+    graph: Graph, eff: dict[int, tuple[int, ...]]
+) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+    """One nearest Resize for two chained nearest-upsample Gathers on different axes
+    (fission's 2-D nearest Resize, one Gather per axis; each alone is exported as a
+    one-axis Resize): candy_b1's two 2x upsamples ran as four Resizes, 2.65 ms of
+    onnxruntime's time against 0.41 ms for the model's two (2 threads, Dec 1 2026)."""
+    ins, users = _effective(graph, eff)
+    outs = set(graph.outputs.values())
+    nodes = graph.nodes
+
+    def upsample_axis(nid: int) -> int | None:
+        node = nodes[nid]
+        if node.op is not Op.GATHER or len(node.shape) < 3:
+            return None
+        idx = np.array(node.attr("indices"), dtype=np.int64).reshape(node.attr("indices_shape"))
+        axis = int(node.attr("axis"))
+        return axis if _upsample_factor(idx, nodes[ins(nid)[0]].shape[axis]) else None
+
+    found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
+    for d, node in enumerate(nodes):
+        a = upsample_axis(d)
+        if a is None:
+            continue
+        (u,) = ins(d)
+        b = upsample_axis(u)
+        if b is None or b == a or u in outs or set(users[u]) != {d}:
+            continue
+        found[d] = (
+            ins(u),
+            "Resize",
+            {
+                "sizes": list(node.shape),
+                "mode": "nearest",
+                "coordinate_transformation_mode": "asymmetric",
+                "nearest_mode": "floor",
+            },
+        )
+    return found
+
+
 def _raise_global_average_pools(
     graph: Graph, eff: dict[int, tuple[int, ...]]
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:

@@ -29,6 +29,7 @@ from korch.ir.raising import (
     _raise_layer_norms,
     _raise_linear_resizes,
     _raise_max_pools,
+    _raise_nearest_upsamples,
     _raise_softmax,
     _upsample_factor,
 )
@@ -561,6 +562,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     raised.update(_raise_global_average_pools(graph, eff))
     if _model_opset_at_least(graph, opset, 13):
         raised.update(_raise_linear_resizes(graph, eff, const_inputs))
+        raised.update(_raise_nearest_upsamples(graph, eff))
     raised.update(_raise_layer_norms(graph, eff, layer_norm=_model_opset_at_least(graph, opset, 17)))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
     live = _live(graph, eff)
