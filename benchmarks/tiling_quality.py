@@ -33,6 +33,7 @@ def model_kernels(max_per_model: int | None) -> tuple[list[tuple[str, object]], 
     try:
         from korch import models
         from korch.fission import fission
+        from korch.frontend import load_model
         from korch.identify import candidates
         from korch.ir.subgraph import canonical_hash, extract, kernel_class
         from korch.partition import partition
@@ -41,7 +42,7 @@ def model_kernels(max_per_model: int | None) -> tuple[list[tuple[str, object]], 
     out = []
     for name in models.NAMES:
         try:
-            graph = fission(models.build(name))
+            graph = fission(load_model(models.build(name)))  # shapes inferred, as the pipeline loads it
         except Exception as e:  # noqa: BLE001 - a model fission cannot handle yet
             info[name] = f"skipped: {type(e).__name__}: {str(e)[:80]}"
             continue
