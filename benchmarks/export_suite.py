@@ -282,6 +282,24 @@ def file_stem(name: str, batch: int) -> str:
     return f"{name}_b{batch}"
 
 
+def _like_trained(module, seed: int) -> None:
+    """Give every parameter and buffer that its initialiser left constant (norm weights
+    of ones, biases and running means of zeros, running variances of ones) random values
+    near it, as training would. Left constant, every layer's LayerNorm weight is the same
+    tensor, which korch's graph builder hash-conses into one constant shared by all
+    layers (vit_tiny_b1: one broadcast of it read by every kernel), unlike any trained
+    model."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            if not t.is_floating_point() or t.numel() < 2 or bool((t != t.flatten()[0]).any()):
+                continue
+            noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.1
+            t.copy_((t + noise).abs() + 0.5 if name.endswith("running_var") else t + noise)
+
+
 def build(name: str, batch: int = 1, seed: int = 0):
     """(eval-mode torch module, example inputs as a dict of tensors) for suite model ``name``."""
     import torch
@@ -289,6 +307,7 @@ def build(name: str, batch: int = 1, seed: int = 0):
     builder, inputs, _ = MODELS[name]
     torch.manual_seed(seed)
     module = builder().eval()
+    _like_trained(module, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     feeds = {}
     for iname, (shape, dtype) in inputs.items():
