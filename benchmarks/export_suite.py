@@ -305,6 +305,7 @@ def build(name: str, batch: int = 1, seed: int = 0):
     import torch
 
     builder, inputs, _ = MODELS[name]
+    _ensure_torchvision()  # timm and transformers import it (segformer alone failed without)
     torch.manual_seed(seed)
     module = builder().eval()
     _like_trained(module, seed)

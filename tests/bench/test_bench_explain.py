@@ -117,3 +117,28 @@ def test_explain_marks_redundant_primitives():
     assert dot.count("peripheries=2") == 2  # exp is computed by both kernels
     svg = to_svg(info)
     assert svg.count('stroke="#d7191c"') == 2
+
+
+def test_bench_reports_a_torch_peer_that_cannot_be_rebuilt(optimized, capsys, tmp_path):
+    # the sidecar's builder raising (segformer's transformers import did) must not end
+    # the run: the torch peers are reported as skipped and the rest is measured
+    pytest.importorskip("torch")
+    from korch.bench.suite import sidecar_path
+    from korch.cli import main
+
+    root, model = optimized
+    script = tmp_path / "bad_builder.py"
+    script.write_text("def build(name, batch, seed):\n    raise RuntimeError('cannot import the model class')\n")
+    sidecar = sidecar_path(model)
+    sidecar.write_text(json.dumps({"script": str(script), "builder": "mlp"}))
+    try:
+        rc = main(
+            ["bench", str(model), "-o", str(root / "out"), "--peers", "ort,eager,compile", "--rounds", "3"]
+            + ["--no-plot", "--threads", "2"]
+        )
+    finally:
+        sidecar.unlink()
+    assert rc == 0
+    (row,) = json.loads((root / "out" / "bench.json").read_text())["rows"]
+    assert set(row["ms"]) == {"korch", "ort"}
+    assert "RuntimeError" in row["skipped"]["eager"] and row["skipped"]["compile"] == row["skipped"]["eager"]

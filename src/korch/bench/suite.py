@@ -189,9 +189,16 @@ def bench_model(
         fns["ort"] = lambda: sess.run(None, feeds)
         errors["ort"] = 0.0
     if "eager" in peers or "compile" in peers:
-        built = torch_module(model)
+        try:
+            built = torch_module(model)
+        except Exception as e:  # noqa: BLE001 - a peer that cannot be rebuilt is reported, not fatal
+            built = None
+            why = f"torch module not rebuilt: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            log.warning("%s: %s", model.name, why)
+        else:
+            why = "no torch sidecar or torch not installed"
         if built is None:
-            skipped["eager"] = skipped["compile"] = "no torch sidecar or torch not installed"
+            skipped["eager"] = skipped["compile"] = why
         else:
             import torch
 
