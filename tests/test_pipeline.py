@@ -292,3 +292,35 @@ def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
         assert set(got) == set(want)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_a_partition_whose_candidates_all_failed_runs_on_onnxruntime(settings, tmp_path, monkeypatch):
+    """Note [Unmeasurable partitions]: every candidate writing the first MatMul's output
+    'failed' its measurement; the optimization still completes, onnxruntime runs that
+    part at the penalty cost, the report names the partition, and the result matches."""
+    import onnxruntime as ort
+
+    import korch.pipeline as P
+
+    real = dict(P.STEPS)["profile"]
+
+    def failing_profile(ctx):
+        real(ctx)
+        g = ctx.graph
+        mm = next(n for n in g.compute_ids() if g.nodes[n].op is Op.MATMUL)
+        for c in ctx.candidates:
+            if mm in c.kernel.nodes:
+                c.cost_us, c.backend = float("inf"), ""
+
+    monkeypatch.setattr(P, "STEPS", [(n, failing_profile if n == "profile" else f) for n, f in P.STEPS])
+    model = build("mlp")
+    compiled = korch.optimize(model, output_dir=tmp_path, settings=settings.replace(library_regions=1))
+    r = compiled.report
+    assert r["unmeasured_partitions"]
+    assert any(s.backend == "ort" for s in compiled.executable.steps)
+    feeds = korch.models.random_inputs(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    got = compiled(feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)

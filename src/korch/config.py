@@ -11,6 +11,19 @@ def _default_db() -> str:
     return os.environ.get("KORCH_DB", str(Path.home() / ".cache" / "korch" / "results.db"))
 
 
+def _default_kernel_memory_mb() -> float:
+    """Half the machine's memory, at least 4 GiB: a batch-16 Segformer's decoder
+    kernels need more than 4 GiB resident to be measured (every candidate writing its
+    1 GB concat was killed at a 4 GiB limit, so none could run), and the limit is
+    there to keep a runaway kernel from exhausting the machine, not to fail big ones."""
+    try:
+        import psutil
+
+        return max(4096.0, psutil.virtual_memory().total / 2**21)
+    except Exception:  # noqa: BLE001 - no psutil reading: the old fixed limit
+        return 4096.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     target: str = "cpu"  # "cpu" (tvm, onnxruntime, numpy, torch) or "cuda" (triton, torch_cuda, onnxruntime)
@@ -43,7 +56,7 @@ class Settings:
     min_repeat_ms: float = 2.0
     kernel_timeout_s: float = 60.0
     # resident-memory limit of a measurement worker (Note [Measurement isolation])
-    kernel_memory_mb: float = 4096.0
+    kernel_memory_mb: float = dataclasses.field(default_factory=_default_kernel_memory_mb)
     # distributed measurement (docs/distributed.md): TVM kernels timed on RPC servers
     # obtained from this tracker ("host:port") under this key; "" measures locally
     tracker: str = ""

@@ -205,18 +205,51 @@ def step_profile(ctx: Context) -> None:
     profile_step(ctx)
 
 
+# Note [Unmeasurable partitions]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A partition may have no orchestration among its measured candidates: every candidate
+# writing some output failed its measurement. segformer_b16's decoder did so at the
+# old 4 GiB worker memory limit (each kernel writing its 1 GB concat was killed). A
+# failure to *measure* is not a failure to run, and onnxruntime runs any primitive
+# subgraph correctly, so the partition is solved again with its unmeasured candidates
+# that onnxruntime can run (library regions, linear and opaque kernels) at a penalty
+# cost, ``UNMEASURED_PENALTY_US`` each: the BLP takes as few of them as it can (one
+# region over the unmeasurable part, usually). The report lists such partitions
+# (``unmeasured_partitions``); the optimization completes, the end-to-end check still
+# times the result.
+UNMEASURED_PENALTY_US = 1e9
+
+
 def _solve_all(ctx: Context, cost: Callable[[Candidate], float]) -> list[Candidate]:
     """The BLP of every partition on ``cost``; the chosen kernels in execution order."""
-    from korch.orchestrate import solve
+    from korch.orchestrate import OrchestrationError, solve
 
     g = ctx.graph
     assert g is not None
     chosen: list[Candidate] = []
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
-        orch = solve(
-            g, part, [c.kernel for c in cands], [cost(c) for c in cands], time_limit_s=ctx.settings.blp_time_limit_s
-        )
+        costs = [cost(c) for c in cands]
+        try:
+            orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=ctx.settings.blp_time_limit_s)
+        except OrchestrationError as e:
+            # Note [Unmeasurable partitions]
+            penal = [
+                UNMEASURED_PENALTY_US if not math.isfinite(x) and "ort" in c.backends else x
+                for c, x in zip(cands, costs)
+            ]
+            if penal == costs:
+                raise
+            log.warning(
+                "partition %d: %s; onnxruntime runs its unmeasured part (Note [Unmeasurable partitions])", pi, e
+            )
+            orch = solve(g, part, [c.kernel for c in cands], penal, time_limit_s=ctx.settings.blp_time_limit_s)
+            for i in orch.chosen:
+                if not math.isfinite(costs[i]):
+                    cands[i].backend, cands[i].cost_us = "ort", UNMEASURED_PENALTY_US
+            unmeasured = ctx.report.setdefault("unmeasured_partitions", [])
+            if pi not in unmeasured:
+                unmeasured.append(pi)
         ctx.blp_seconds += orch.seconds
         ctx.blp_max_seconds = max(ctx.blp_max_seconds, orch.seconds)
         chosen.extend(cands[i] for i in orch.order)

@@ -121,3 +121,12 @@ def test_db_migrates_schema_1(tmp_path):
     db.record(Measurement("h2", "cpu", "tvm", "default", "v", "ok", 1.0, (1.0,), host="rpc:10.0.0.2:9090"))
     assert db.lookup("h2", "cpu", "tvm", "default", "v").host == "rpc:10.0.0.2:9090"
     assert db.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"
+
+
+def test_default_memory_limit_is_half_the_machine_at_least_4_gib():
+    import psutil
+
+    from korch.config import Settings
+
+    want = max(4096.0, psutil.virtual_memory().total / 2**21)
+    assert Settings().kernel_memory_mb == pytest.approx(want)
