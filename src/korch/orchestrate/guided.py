@@ -252,7 +252,7 @@ def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
 def _guided_rounds(
     ctx, workloads, pred, results, measure, gs: GuidedStats, klass: dict | None = None, max_rounds: int = 50
 ) -> None:
-    from korch.orchestrate import solve
+    from korch.orchestrate import OrchestrationError, solve
 
     g, s = ctx.graph, ctx.settings
     factor = getattr(s, "guided_rival_factor", 1.5)
@@ -283,7 +283,13 @@ def _guided_rounds(
             if not cands:
                 continue
             costs = [_estimate(c.hash, known, pred, scale) for c in cands]
-            orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
+            try:
+                orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
+            except OrchestrationError:
+                # every candidate writing some output failed its measurement: nothing
+                # here is worth measuring; the final solve runs that part on
+                # onnxruntime (Note [Unmeasurable partitions] in pipeline.py)
+                continue
             for i in orch.chosen:
                 k = cands[i]
                 if known[k.hash] is None:
