@@ -324,3 +324,18 @@ def test_a_partition_whose_candidates_all_failed_runs_on_onnxruntime(settings, t
     got = compiled(feeds)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_plan_check_builds_no_more_plans_once_memory_is_full(settings, tmp_path, monkeypatch):
+    """With the process over PLAN_MEMORY_SHARE of the machine's memory (forced to 0
+    here), the plan check builds nothing beyond the BLP's plan, counts the skipped
+    plans and keeps the BLP's plan; the result matches."""
+    import korch.pipeline as P
+
+    monkeypatch.setattr(P, "PLAN_MEMORY_SHARE", 0.0)
+    compiled = korch.optimize(
+        build("mlp"), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7,))
+    )
+    r = compiled.report
+    assert r["plans_skipped_for_memory"] >= 1 and r["plan_check"] == {"plans": 1}
+    assert r["max_rel_error"] <= TOL

@@ -293,11 +293,6 @@ def step_plans(ctx: Context) -> None:
     plans = {"blp": (ctx.chosen, ctx.executable)}
     seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
     base = ctx.chosen
-    has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
-    for f in s.region_bias if has_regions else ():
-        _add_plan(
-            ctx, plans, seen, f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us
-        )
     # the whole graph as one region: what onnxruntime makes of korch's primitive graph
     # (rewritten, raised), one call; kept only when nothing korch composed beats it
     g = ctx.graph
@@ -305,16 +300,24 @@ def step_plans(ctx: Context) -> None:
     whole = make_kernel(g, g.users(), g.compute_ids())
     ctx.chosen = [Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
     try:
+        if _memory_full(ctx):
+            raise MemoryError("plan check: memory full")
         step_build(ctx)
         ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
         plans["one region"] = (ctx.chosen, ctx.executable)
     except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
         log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
-    if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
+    if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
         try:
             plans["one region, unrewritten"] = _unrewritten_plan(ctx)
         except Exception as e:  # noqa: BLE001
             log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
+    # (after the one-region plans: when memory runs short those matter most)
+    has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
+    for f in s.region_bias if has_regions else ():
+        _add_plan(
+            ctx, plans, seen, f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us
+        )
     feeds = random_feeds(plans["blp"][1].inputs)
     scales = _in_place_plans(ctx, plans, seen, feeds)
     ctx.chosen = base
@@ -380,9 +383,32 @@ def _in_place_plans(ctx: Context, plans: dict, seen: set, feeds) -> dict[str, fl
     return scales
 
 
+# Every plan of the check stays built until the alternating timing; a batch-16
+# Segformer's plans (arenas, onnxruntime sessions) took the process to 24 GB and the
+# OOM killer. Past this share of the machine's memory no further plan is built.
+PLAN_MEMORY_SHARE = 0.4
+
+
+def _memory_full(ctx: Context) -> bool:
+    """Whether this process holds more than ``PLAN_MEMORY_SHARE`` of the machine's memory
+    (then the plan check builds no more plans; the report counts those skipped)."""
+    try:
+        import psutil
+
+        full = psutil.Process().memory_info().rss > PLAN_MEMORY_SHARE * psutil.virtual_memory().total
+    except Exception:  # noqa: BLE001 - no reading: build as before
+        return False
+    if full:
+        ctx.report["plans_skipped_for_memory"] = ctx.report.get("plans_skipped_for_memory", 0) + 1
+        log.warning("plan check: %.0f%% of memory in use, no further plan built", 100 * PLAN_MEMORY_SHARE)
+    return full
+
+
 def _add_plan(ctx: Context, plans: dict, seen: set, name: str, cost: Callable[[Candidate], float]) -> bool:
     """The BLP on ``cost``, built and added to ``plans`` as ``name`` unless an earlier plan
-    chose the same kernels."""
+    chose the same kernels (or memory is full: ``_memory_full``)."""
+    if _memory_full(ctx):
+        return False
     alt = _solve_all(ctx, cost)
     key = tuple(c.kernel.nodes for c in alt)
     if key in seen:
