@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp, Op
-from korch.kernels.tvm_tiling import TileConfig, prefix_axes
+from korch.kernels.tvm_tiling import TileConfig, prefix_axes, rfactored
 
 
 @dataclasses.dataclass
@@ -93,16 +93,10 @@ class _Scheduler:
         partial results (an ``_rf`` block) plus a short final reduction. Must run
         while the block still has its own loop nest. Returns the rf block or None."""
         sch, width, g = self.sch, self.cfg.vector_width, self.g
+        if not rfactored(g, nid, self.cfg):  # the conditions root_nests predicts with
+            return None
         node = g.nodes[nid]
-        in_shape = g.nodes[node.inputs[0]].shape
         axes = node.attr("axes")
-        if width <= 1 or not self.cfg.vectorize_reductions or len(in_shape) - 1 not in axes:
-            return None
-        ext = 1
-        for a in axes:
-            ext *= in_shape[a]
-        if ext % width or ext < 2 * width:
-            return None
         loops = sch.get_loops(sch.get_sblock(self.block_of[nid]))
         red = loops[len(loops) - len(axes) :]
         r = sch.fuse(*red) if len(red) > 1 else red[0]
