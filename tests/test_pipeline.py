@@ -330,9 +330,9 @@ def test_plan_check_builds_no_more_plans_once_memory_is_full(settings, tmp_path,
     """With the process over PLAN_MEMORY_SHARE of the machine's memory (forced to 0
     here), the plan check builds nothing beyond the BLP's plan, counts the skipped
     plans and keeps the BLP's plan; the result matches."""
-    import korch.pipeline as P
+    import korch.plans
 
-    monkeypatch.setattr(P, "PLAN_MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(korch.plans, "PLAN_MEMORY_SHARE", 0.0)
     compiled = korch.optimize(
         build("mlp"), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7,))
     )

@@ -45,7 +45,7 @@ class Settings:
     # whole-library candidates (Note [Library regions]): each partition and its halves,
     # quarters ... as one onnxruntime kernel, to this many levels; 0 turns them off
     library_regions: int = 3
-    # end-to-end plan check (Note [End-to-end plan check] in pipeline.py): the BLP again
+    # end-to-end plan check (Note [End-to-end plan check] in plans.py): the BLP again
     # with region costs times each factor, every distinct plan built and timed; () is off
     region_bias: tuple[float, ...] = (0.7, 0.4)
     # ... and the BLP again on the costs its plan's kernels show in place, this many times

@@ -1,0 +1,227 @@
+"""The end-to-end plan check (pipeline step ``plans``): the BLP's plan against
+region-biased plans, in-place re-solves and the whole graph as one onnxruntime kernel,
+timed end to end; the fastest is kept. Split from ``korch.pipeline``, whose names it
+uses through the module (``P``), imported at call time by that module's step list.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import korch.pipeline as P
+from korch.ir.subgraph import canonical_hash, extract, make_kernel
+
+log = logging.getLogger("korch")
+
+
+# Note [End-to-end plan check]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The BLP adds kernel costs measured one kernel at a time, each called back to back on
+# its own hot inputs and weights. In the executable a kernel's weights and inputs are
+# colder, and every call costs a little dispatch, so many small kernels cost more
+# there than their sum: efficientvit_b1's chosen kernels summed 7.7 ms when measured
+# and took 13.6 ms in place. A library region is one call over a chain that keeps its
+# intermediates inside onnxruntime, so that error is not the same for both kinds of
+# plan. So (cpu target, ``Settings.region_bias`` not empty) when regions exist the BLP
+# is solved again with region costs scaled by each factor, and the whole primitive
+# graph as a single onnxruntime kernel ("one region") is one more plan, so an
+# optimized model is never slower than onnxruntime running korch's own graph. Every
+# distinct plan is built, the plans are timed end to end, alternated, and the fastest
+# is kept (report: ``plan_check`` says which won).
+#
+# The factors are a guess; the BLP's own plan also says by how much: each of its
+# kernels is timed in place (``korch explain``'s clock around every step), and the BLP
+# is solved again with those costs for the kernels that ran, every other candidate's
+# measured cost times the median in-place/measured ratio of its kind (generated,
+# linear, region ...), and the per-call dispatch of the run added to every kernel. The
+# new plan is timed in place the same way, ``Settings.in_place_rounds`` times or until
+# a plan repeats; each is one more plan for the end-to-end timing.
+
+
+def step_plans(ctx: P.Context) -> None:
+    from korch.bench.compare import random_feeds, time_alternating
+
+    s = ctx.settings
+    if s.target != "cpu" or not s.region_bias:
+        return
+    plans = {"blp": (ctx.chosen, ctx.executable)}
+    seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
+    base = ctx.chosen
+    # the whole graph as one region: what onnxruntime makes of korch's primitive graph
+    # (rewritten, raised), one call; kept only when nothing korch composed beats it
+    g = ctx.graph
+    assert g is not None
+    whole = make_kernel(g, g.users(), g.compute_ids())
+    ctx.chosen = [P.Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
+    try:
+        if _memory_full(ctx):
+            raise MemoryError("plan check: memory full")
+        P.step_build(ctx)
+        ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
+        plans["one region"] = (ctx.chosen, ctx.executable)
+    except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
+        log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
+    if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
+        try:
+            plans["one region, unrewritten"] = _unrewritten_plan(ctx)
+        except Exception as e:  # noqa: BLE001
+            log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
+    # (after the one-region plans: when memory runs short those matter most)
+    has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
+    for f in s.region_bias if has_regions else ():
+        _add_plan(
+            ctx, plans, seen, f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us
+        )
+    feeds = random_feeds(plans["blp"][1].inputs)
+    scales = _in_place_plans(ctx, plans, seen, feeds)
+    ctx.chosen = base
+    if len(plans) == 1:
+        ctx.report.update(plan_check={"plans": 1})
+        return
+    fns = {}
+    for name, (_, exe) in plans.items():
+        exe.set_threads(max(1, int(s.num_threads)))
+        fns[name] = lambda exe=exe: exe(feeds)
+    t = time_alternating(fns, rounds=10)
+    ms = {k: v["median_ms"] for k, v in t.items()}
+    best = min(t, key=lambda k: t[k]["rel"])  # by round-relative time (Note [Timing in blocks])
+    ctx.chosen, ctx.executable = plans[best]
+    ctx.report.update(
+        plan_check={
+            "kept": best,
+            "ms": {k: round(v, 4) for k, v in ms.items()},
+            "rel": {k: round(v["rel"], 3) for k, v in t.items()},
+            "in_place_scale": scales,
+        }
+    )
+
+
+def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, float]:
+    """Re-solve the BLP on the costs its plan's kernels take in place (Note [End-to-end
+    plan check]); adds each new plan to ``plans``. Returns the last in-place/measured
+    ratio per kernel kind."""
+    from korch.bench.explain import time_steps
+
+    s = ctx.settings
+    chosen, exe = plans["blp"]
+    in_place: dict[tuple[int, tuple[int, ...]], float] = {}
+    scales: dict[str, float] = {}
+    for r in range(max(0, s.in_place_rounds)):
+        exe.set_threads(max(1, int(s.num_threads)))
+        info = time_steps(exe, feeds, runs=8, max_seconds=10.0)
+        per_call = info["dispatch_us"] / max(1, len(chosen))
+        for c, us in zip(chosen, info["step_us"]):
+            in_place[(c.partition, c.kernel.nodes)] = us
+        ratios: dict[str, list[float]] = {}
+        for c in ctx.candidates:
+            us = in_place.get((c.partition, c.kernel.nodes))
+            if us is not None and math.isfinite(c.cost_us) and c.cost_us > 0:
+                ratios.setdefault(c.kind, []).append(us / c.cost_us)
+        if not ratios:
+            break
+        scales = {k: round(statistics.median(v), 3) for k, v in ratios.items()}
+        overall = statistics.median([x for v in ratios.values() for x in v])
+
+        def cost(c: P.Candidate, sc: dict[str, float], overall: float, per_call: float) -> float:
+            us = in_place.get((c.partition, c.kernel.nodes))
+            if us is None:
+                us = c.cost_us * sc.get(c.kind, overall)
+            return us + per_call
+
+        name = f"in place {r + 1}"
+        if not _add_plan(
+            ctx, plans, seen, name, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call)
+        ):
+            break
+        chosen, exe = plans[name]
+    return scales
+
+
+# Every plan of the check stays built until the alternating timing; a batch-16
+# Segformer's plans (arenas, onnxruntime sessions) took the process to 24 GB and the
+# OOM killer. Past this share of the machine's memory no further plan is built.
+PLAN_MEMORY_SHARE = 0.4
+
+
+def _memory_full(ctx: P.Context) -> bool:
+    """Whether this process holds more than ``PLAN_MEMORY_SHARE`` of the machine's memory
+    (then the plan check builds no more plans; the report counts those skipped)."""
+    try:
+        import psutil
+
+        full = psutil.Process().memory_info().rss > PLAN_MEMORY_SHARE * psutil.virtual_memory().total
+    except Exception:  # noqa: BLE001 - no reading: build as before
+        return False
+    if full:
+        ctx.report["plans_skipped_for_memory"] = ctx.report.get("plans_skipped_for_memory", 0) + 1
+        log.warning("plan check: %.0f%% of memory in use, no further plan built", 100 * PLAN_MEMORY_SHARE)
+    return full
+
+
+def _add_plan(ctx: P.Context, plans: dict, seen: set, name: str, cost: Callable[[P.Candidate], float]) -> bool:
+    """The BLP on ``cost``, built and added to ``plans`` as ``name`` unless an earlier plan
+    chose the same kernels (or memory is full: ``_memory_full``)."""
+    if _memory_full(ctx):
+        return False
+    alt = P._solve_all(ctx, cost)
+    key = tuple(c.kernel.nodes for c in alt)
+    if key in seen:
+        return False
+    seen.add(key)
+    ctx.chosen = alt
+    P.step_build(ctx)
+    plans[name] = (alt, ctx.executable)
+    return True
+
+
+def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
+    """The graph before rewrites as one onnxruntime kernel, as a plan over ``ctx.graph``.
+
+    The rewrites are chosen for korch's kernels (merged Convs, a scale moved into a
+    bias); some of them hide from onnxruntime what it fuses (a merged Conv is split
+    again by Slices, which leave its blocked layout). The kernel reads the graph inputs
+    and writes the graph outputs, matched to ``ctx.graph``'s by name.
+    """
+    from korch.executable import Executable, Step, TensorSpec, plan_buffers
+    from korch.ir.to_onnx import to_onnx
+    from korch.kernels.ort_backend import OrtKernel, _session
+
+    g, pre = ctx.graph, ctx.fissioned
+    assert g is not None and pre is not None
+    k = make_kernel(pre, pre.users(), pre.compute_ids())
+    kg, consts = extract(pre, k), P._kernel_consts(pre, k)
+    in_name = {nid: name for name, nid in pre.inputs.items()}
+    feeds = [(f"in{i}", in_name[src]) for i, src in enumerate(k.inputs) if f"in{i}_c" not in consts]
+    out_names = {nid: name for name, nid in pre.outputs.items()}
+    if any(n not in out_names for n in k.outputs) or set(pre.outputs) != set(g.outputs):
+        raise ValueError("the rewritten graph's outputs do not match the original's")
+    model = to_onnx(kg, const_inputs=consts).SerializeToString()
+    kernel = OrtKernel(
+        _session(model, ctx.settings.num_threads, spin=True),
+        [f for f, _ in feeds],
+        range(len(feeds)),
+        list(kg.outputs),
+        model,
+        spin=True,
+    )
+    outputs = tuple(g.outputs[out_names[n]] for n in k.outputs)
+    whole = make_kernel(g, g.users(), g.compute_ids())
+    cand = P.Candidate(-1, whole, "region", canonical_hash(pre, k), ("ort",), math.nan, "ort")
+    step = Step(
+        f"k0_{cand.hash[:8]}", "ort", cand.hash, whole.nodes, tuple(g.inputs[n] for _, n in feeds), outputs, kernel
+    )
+    spec = lambda nid: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype)  # noqa: E731
+    out_specs = {name: spec(nid) for name, nid in g.outputs.items()}
+    if any(s.node not in outputs for s in out_specs.values()):
+        raise ValueError("a graph output is not computed by the graph")  # a constant or an input as output
+    sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
+    free_after, stats = plan_buffers([step], set(outputs), sizes)
+    exe = Executable({n: spec(i) for n, i in g.inputs.items()}, out_specs, {}, [step], free_after, stats)
+    return [cand], exe
