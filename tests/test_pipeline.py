@@ -339,3 +339,33 @@ def test_plan_check_builds_no_more_plans_once_memory_is_full(settings, tmp_path,
     r = compiled.report
     assert r["plans_skipped_for_memory"] >= 1 and r["plan_check"] == {"plans": 1}
     assert r["max_rel_error"] <= TOL
+
+
+def test_lean_plan_check_builds_times_and_frees_one_plan_at_a_time(settings, tmp_path, monkeypatch):
+    """Note [Lean plan check]: with the BLP's plan over LEAN_SHARE of memory (forced to
+    0 here) every plan is built, timed alone and freed, and the winner is built again:
+    at most one plan is alive at any time, and the kept plan matches onnxruntime."""
+    import korch.pipeline
+    import korch.plans
+
+    monkeypatch.setattr(korch.plans, "LEAN_SHARE", 0.0)
+    alive, most = [0], [0]
+    build_step = korch.pipeline.step_build
+
+    def counting_build(ctx):
+        build_step(ctx)
+        alive[0] = sum(1 for o in gc.get_objects() if type(o).__name__ == "Executable")
+        most[0] = max(most[0], alive[0])
+
+    import gc
+
+    monkeypatch.setattr(korch.pipeline, "step_build", counting_build)
+    compiled = korch.optimize(
+        build("mlp"), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7,))
+    )
+    pc = compiled.report["plan_check"]
+    assert pc["lean"] is True
+    assert {"blp", "one region"} <= set(pc["ms"]) and pc["kept"] in pc["ms"]
+    assert all(v > 0 for v in pc["ms"].values())
+    assert most[0] <= 2  # the plan just built, and at most one the collector has not reached
+    assert compiled.report["max_rel_error"] <= TOL

@@ -66,7 +66,10 @@ class Settings:
     guided_profiling: bool = True
     guided_rival_factor: float = 1.5
     guided_rivals: int = 0
-    guided_optimism: float = 1.0
+    guided_optimism: float = 0.7
+    # a partition whose optimistic plan is within this share of its measured-only plan
+    # measures nothing more (Note [Guided tolerance])
+    guided_tolerance: float = 0.03
     # after this many seconds of profiling the guided rounds turn pessimistic (Note
     # [Model-guided profiling]) and converge on what is measured; 0: no budget
     profile_budget_s: float = 300.0

@@ -51,21 +51,19 @@ def step_plans(ctx: P.Context) -> None:
     s = ctx.settings
     if s.target != "cpu" or not s.region_bias:
         return
-    plans = {"blp": (ctx.chosen, ctx.executable)}
     seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
     base = ctx.chosen
+    feeds = random_feeds(ctx.executable.inputs)
+    if _lean(ctx):
+        _lean_plans(ctx, base, seen, feeds)
+        return
+    plans = {"blp": (ctx.chosen, ctx.executable)}
     # the whole graph as one region: what onnxruntime makes of korch's primitive graph
     # (rewritten, raised), one call; kept only when nothing korch composed beats it
-    g = ctx.graph
-    assert g is not None
-    whole = make_kernel(g, g.users(), g.compute_ids())
-    ctx.chosen = [P.Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
     try:
         if _memory_full(ctx):
             raise MemoryError("plan check: memory full")
-        P.step_build(ctx)
-        ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
-        plans["one region"] = (ctx.chosen, ctx.executable)
+        plans["one region"] = _one_region_plan(ctx)
     except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
         log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
     if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
@@ -74,12 +72,8 @@ def step_plans(ctx: P.Context) -> None:
         except Exception as e:  # noqa: BLE001
             log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
     # (after the one-region plans: when memory runs short those matter most)
-    has_regions = any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates)
-    for f in s.region_bias if has_regions else ():
-        _add_plan(
-            ctx, plans, seen, f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us
-        )
-    feeds = random_feeds(plans["blp"][1].inputs)
+    for name, cost in _bias_costs(ctx):
+        _add_plan(ctx, plans, seen, name, cost)
     scales = _in_place_plans(ctx, plans, seen, feeds)
     ctx.chosen = base
     if len(plans) == 1:
@@ -101,6 +95,114 @@ def step_plans(ctx: P.Context) -> None:
             "in_place_scale": scales,
         }
     )
+
+
+def _one_region_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
+    """The whole primitive graph as a single onnxruntime kernel, built."""
+    g = ctx.graph
+    assert g is not None
+    whole = make_kernel(g, g.users(), g.compute_ids())
+    ctx.chosen = [P.Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
+    P.step_build(ctx)
+    ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
+    return ctx.chosen, ctx.executable
+
+
+def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+    """The region-biased cost functions (Note [End-to-end plan check]), when regions exist."""
+    if not any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates):
+        return []
+    return [
+        (f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us)
+        for f in ctx.settings.region_bias
+    ]
+
+
+# Note [Lean plan check]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# The alternating timing keeps every plan built at once. A batch-16 Segformer's plans
+# (arenas, onnxruntime sessions with their own arenas, a 1 GB decoder concat) took the
+# process to 24 GB and the OOM killer, even with two plans alive. So when the BLP's
+# plan alone already holds ``LEAN_SHARE`` of the machine's memory, the check goes
+# plan by plan: each is built, timed alone (median of blocks), and freed; the winner
+# is built again at the end. Timed alone, plans are compared across seconds of this
+# VM's drift (Note [Timing in blocks]) instead of round by round, so the check is
+# coarser; the in-place re-solves, which time the BLP's plan kernel by kernel next to
+# a second plan, are skipped. Report: ``plan_check.lean``.
+LEAN_SHARE = 0.15
+
+
+def _rss_share() -> float:
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / psutil.virtual_memory().total
+    except Exception:  # noqa: BLE001 - no reading: not lean
+        return 0.0
+
+
+def _lean(ctx: P.Context) -> bool:
+    return _rss_share() > LEAN_SHARE
+
+
+def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
+    """Note [Lean plan check]: build, time and free one plan at a time."""
+    import gc
+
+    from korch.bench.compare import time_alternating
+
+    s = ctx.settings
+    ms: dict[str, float] = {}
+    rebuild: dict[str, Callable[[], tuple[list, Any]]] = {}
+
+    def timed(name: str, chosen: list, exe, again: Callable[[], tuple[list, Any]]) -> None:
+        exe.set_threads(max(1, int(s.num_threads)))
+        ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10)[name]["median_ms"]
+        rebuild[name] = again
+        ctx.executable = None
+
+    def build_chosen(chosen: list) -> tuple[list, Any]:
+        ctx.chosen = chosen
+        P.step_build(ctx)
+        return chosen, ctx.executable
+
+    exe = ctx.executable
+    ctx.executable = None
+    timed("blp", base, exe, functools.partial(build_chosen, base))
+    del exe
+    gc.collect()  # an executable holds reference cycles: free it before the next is built
+    tries: list[tuple[str, Callable[[], tuple[list, Any] | None]]] = [("one region", lambda: _one_region_plan(ctx))]
+    if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
+        tries.append(("one region, unrewritten", lambda: _unrewritten_plan(ctx)))
+    for name, cost in _bias_costs(ctx):
+
+        def biased(cost=cost) -> tuple[list, Any] | None:
+            alt = P._solve_all(ctx, cost)
+            key = tuple(c.kernel.nodes for c in alt)
+            if key in seen:
+                return None
+            seen.add(key)
+            return build_chosen(alt)
+
+        tries.append((name, biased))
+    for name, build in tries:
+        try:
+            got = build()
+        except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
+            log.info("plan check: plan %r failed to build: %s", name, e)
+            continue
+        if got is None:
+            continue
+        chosen, exe = got
+        again = build if name.startswith("one region") else functools.partial(build_chosen, chosen)
+        timed(name, chosen, exe, again)
+        del exe, got
+        gc.collect()
+    best = min(ms, key=ms.get)
+    ctx.chosen, ctx.executable = rebuild[best]()
+    if len(ctx.chosen) == 1 and ctx.chosen[0].partition == -1:
+        ctx.executable.steps[0].kernel.set_spin(True)
+    ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True})
 
 
 def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, float]:

@@ -361,3 +361,69 @@ def test_guided_rounds_go_on_when_every_candidate_of_an_output_failed():
     # fail their measurement; the rounds skip that partition instead of raising
     ctx, measured, truth, gs, n = _guided_on_mlp(fail_matmul=True, profile_budget_s=0.0)
     assert gs.rounds >= 1 and len(measured) < n
+
+
+def _nb_case():
+    """A MatMul (node 1) with epilogue nodes 2-4, and generated kernels over nodes 5-9."""
+    from korch.ir.ops import Op
+
+    ops = {1: Op.MATMUL, 2: Op.ADD, 3: Op.MAX, 4: Op.SIGMOID} | {n: Op.ADD for n in range(5, 10)}
+    g = types.SimpleNamespace(nodes={n: types.SimpleNamespace(op=o) for n, o in ops.items()})
+
+    def cand(h, nodes):
+        return types.SimpleNamespace(hash=h, kernel=types.SimpleNamespace(nodes=tuple(nodes)))
+
+    cands = [
+        cand("mm", [1]),  # measured: half the prediction
+        cand("mm+2", [1, 2]),
+        cand("mm+234", [1, 2, 3, 4]),
+        cand("ep", [2, 3, 4]),  # generated, shares no MatMul
+        cand("g5678", [5, 6, 7, 8]),  # measured: twice the prediction
+        cand("g567", [5, 6, 7]),  # Jaccard 3/4 with g5678
+        cand("g89", [8, 9]),  # Jaccard 1/5
+    ]
+    klass = {"mm": "linear", "mm+2": "linear", "mm+234": "linear"}
+    pred = {c.hash: 10.0 for c in cands}
+    known = {c.hash: None for c in cands} | {"mm": 5.0, "g5678": 20.0}
+    return g, cands, known, pred, klass
+
+
+def test_unmeasured_kernels_take_their_measured_neighbours_error():
+    # Note [Measured neighbours]: no pairs measured yet, so the prior sd
+    from korch.orchestrate.guided import NEIGHBOUR_PRIOR_SD, _neighbour_scales
+
+    g, cands, known, pred, klass = _nb_case()
+    sc = _neighbour_scales(g, cands, known, pred, klass, z=1.0)
+    assert set(sc) == {"mm+2", "mm+234", "g567"}  # ep: no shared MatMul, other class; g89: too little overlap
+    assert sc["mm+2"] == pytest.approx(0.5 * math.exp(-NEIGHBOUR_PRIOR_SD))
+    assert sc["g567"] == pytest.approx(2.0 * math.exp(-NEIGHBOUR_PRIOR_SD))
+    # pessimistic rounds (z < 0) take the other side of the neighbour's error
+    assert _neighbour_scales(g, cands, known, pred, klass, z=-1.0)["mm+234"] == pytest.approx(
+        0.5 * math.exp(NEIGHBOUR_PRIOR_SD)
+    )
+
+
+def test_neighbour_spread_is_learnt_from_measured_pairs_and_robust_to_outliers():
+    from korch.orchestrate.guided import NEIGHBOUR_PRIOR_SD, _neighbour_scales, _robust_sd
+
+    g, cands, known, pred, klass = _nb_case()
+    # mm+2 measured 10% off its neighbour's error, both ways once each: two errors of 0.0953
+    known["mm+2"] = 5.5
+    sd = _robust_sd([math.log(1.1), -math.log(1.1)], NEIGHBOUR_PRIOR_SD, 5)
+    assert 0.1 < sd < NEIGHBOUR_PRIOR_SD
+    sc = _neighbour_scales(g, cands, known, pred, klass, z=1.0)
+    assert sc["mm+234"] == pytest.approx(0.55 * math.exp(-sd))  # nearest by Jaccard: mm+2 (2/4)
+    # one wild error among many small ones barely moves a median-based spread
+    assert _robust_sd([0.05] * 20 + [3.0], 0.25, 5) < 0.15  # an RMS would be 0.66
+
+
+def test_guided_tolerance_measures_no_more_and_stays_within_it():
+    # Note [Guided tolerance], on the oracle: never more measurements than without it,
+    # and the measured-only objective within the stated 3% of exhaustive profiling's
+    _, all_rounds, _, _, _ = _guided_on_mlp(level=0.3, seed=True, other=0.6, profile_budget_s=0.0, guided_tolerance=0.0)
+    ctx, measured, truth, gs, n = _guided_on_mlp(
+        level=0.3, seed=True, other=0.6, profile_budget_s=0.0, guided_tolerance=0.03
+    )
+    assert len(measured) <= len(all_rounds)
+    guided, exhaustive = _objectives(ctx, measured, truth)
+    assert guided <= exhaustive * 1.03, (guided, exhaustive)

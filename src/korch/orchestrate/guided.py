@@ -16,7 +16,9 @@ milliseconds, so the orchestrator decides what is worth measuring:
    prediction times an *optimistic scale*: ``exp(mean - z * sd)`` of
    log(measured / predicted) over the kernels of the same class (generated or linear)
    measured so far. A few kernels of each class (``SEED_PER_CLASS``, spread over the
-   predicted costs) are measured before the first round: with none, the scale assumed
+   predicted costs) are measured before the first round; a kernel with a measured
+   *neighbour* (Note [Measured neighbours]) takes the neighbour's error instead of the
+   class scale. With no seeds, the scale assumed
    the model's level right, and on a machine where it was not (the linear roofline
    predicted mlp's MatMuls at 86 us, onnxruntime ran them in 36-38) the first round
    settled on measured library regions, 1.21x slower end to end than what exhaustive
@@ -28,7 +30,8 @@ milliseconds, so the orchestrator decides what is worth measuring:
    yet measured (plus, if ``guided_rivals`` > 0, up to that many *near rivals* per
    chosen kernel: unmeasured candidates of the same partition sharing a primitive
    with it whose cost per primitive is within ``guided_rival_factor`` of its own);
-4. repeat until a round chooses only measured kernels. Because unmeasured kernels
+4. repeat until a round chooses only measured kernels (or, per partition, comes
+   within ``guided_tolerance`` of the measured-only plan: Note [Guided tolerance]). Because unmeasured kernels
    were costed optimistically, that choice is optimal unless some unmeasured kernel
    is faster than its optimistic estimate (a lower bound, as in branch and bound).
 5. a budget: once profiling has taken ``Settings.profile_budget_s`` the rounds turn
@@ -240,6 +243,99 @@ def _optimistic_scale(ratios: list[float], z: float, prior_sd: float = 0.5, prio
     return math.exp(mean - z * sd)
 
 
+# Note [Measured neighbours]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The model's error is not independent from kernel to kernel: it is mostly the error
+# on the kernel's dominant primitive. Every variant of one Conv with a different
+# epilogue inherits the roofline's error on that Conv (opaque: the bare MatMul measured
+# 12.7 us against 23.0 predicted, its epilogue variants 14.5-21.9 against 28.3-36.8),
+# and every variant of yolo's nearest-upsample Concat inherits the model's error on
+# the Gather. With one scale per class, each variant was costed at the class's
+# optimistic level, looked a few percent better than its measured sibling, and was
+# measured in a round of its own: 7 of opaque's 9 MatMul variants, 12 of yolo's
+# upsample variants. So an unmeasured kernel with a measured *neighbour* takes the
+# neighbour's error: ``pred * measured_n / pred_n``, times ``exp(-z * sd)`` where sd
+# is how well a neighbour's error predicted a measured kernel's own so far (shrunk
+# towards a prior while few pairs exist). Neighbours: candidates of the same class
+# sharing the linear primitive (linear), or sharing at least half of their primitives
+# (generated, Jaccard); the nearest by Jaccard is used. Kernels without one keep the
+# class scale.
+NEIGHBOUR_OVERLAP = 0.5
+NEIGHBOUR_PRIOR_SD = 0.25
+
+
+def _neighbour_scales(g, cands, known: dict, pred: dict, klass: dict, z: float, prior_n: int = 5) -> dict[str, float]:
+    """Workload -> optimistic scale from its nearest measured neighbour (Note [Measured
+    neighbours]); workloads without one are absent."""
+    from korch.ir.ops import GroupOp
+
+    resid = {
+        h: math.log(known[h] / p)
+        for h, p in pred.items()
+        if known.get(h) is not None and math.isfinite(known[h]) and known[h] > 0 and p > 0
+    }
+    if not resid:
+        return {}
+    linear = GroupOp.LINEAR
+    index: dict[int, list] = {}
+    for c in cands:
+        if c.hash in resid:
+            for n in c.kernel.nodes:
+                index.setdefault(n, []).append(c)
+
+    def nearest(c) -> float | None:
+        cls = klass.get(c.hash, "generated")
+        nodes = set(c.kernel.nodes)
+        anchors = {n for n in nodes if g.nodes[n].op in linear} if cls == "linear" else set()
+        best, best_j = None, -1.0
+        seen = set()
+        for n in nodes:
+            for m in index.get(n, ()):
+                if m.hash == c.hash or id(m) in seen or klass.get(m.hash, "generated") != cls:
+                    continue
+                seen.add(id(m))
+                mn = set(m.kernel.nodes)
+                jac = len(nodes & mn) / len(nodes | mn)
+                if cls == "linear" and not anchors & mn:
+                    continue
+                if cls != "linear" and jac < NEIGHBOUR_OVERLAP:
+                    continue
+                if jac > best_j:
+                    best, best_j = resid[m.hash], jac
+        return best
+
+    # how well a neighbour's error predicts a measured kernel's own, per class
+    errs: dict[str, list[float]] = {}
+    done: set[str] = set()
+    todo = []
+    for c in cands:
+        if c.hash not in pred:
+            continue
+        if c.hash in resid:
+            if c.hash not in done:
+                r = nearest(c)
+                if r is not None:
+                    done.add(c.hash)
+                    errs.setdefault(klass.get(c.hash, "generated"), []).append(resid[c.hash] - r)
+        else:
+            todo.append(c)
+    sd = {k: _robust_sd(v, NEIGHBOUR_PRIOR_SD, prior_n) for k, v in errs.items()}
+    out: dict[str, float] = {}
+    for c in todo:
+        r = nearest(c)
+        if r is not None:
+            f = math.exp(r - z * sd.get(klass.get(c.hash, "generated"), NEIGHBOUR_PRIOR_SD))
+            out[c.hash] = min(out.get(c.hash, math.inf), f)  # the most optimistic of its places
+    return out
+
+
+def _robust_sd(errs: list[float], prior_sd: float, prior_n: int) -> float:
+    """1.4826 x the median absolute error (the sd of a normal sample, unmoved by the few
+    neighbours whose error is unrelated), shrunk towards ``prior_sd`` while few exist."""
+    mad = 1.4826 * statistics.median(abs(e) for e in errs) if errs else prior_sd
+    return math.sqrt((len(errs) * mad**2 + prior_n * prior_sd**2) / (len(errs) + prior_n))
+
+
 def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
     k = known[h]
     if k is not None:
@@ -247,6 +343,18 @@ def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
     if h not in pred:
         return math.inf
     return pred[h] * (scale if isinstance(scale, float) else scale[h])
+
+
+# Note [Guided tolerance]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A round's objective on optimistic costs is a lower bound on what any plan of the
+# partition costs (as far as the estimates are lower bounds, step 4 of Note
+# [Model-guided profiling]); the BLP over measured kernels alone is a plan the final
+# solve can always pick. Once the lower bound is within ``Settings.guided_tolerance``
+# of that plan, measuring more can gain at most that share, and the partition measures
+# nothing more. Without it, yolo_block measured 75-86 of its 331 candidates, one or
+# two variants a round for rounds on end whose choices differed by a few percent; with
+# 3% it measured 64-70 (benchmarks/RESULTS.md, Auto tiling).
 
 
 def _guided_rounds(
@@ -257,6 +365,7 @@ def _guided_rounds(
     g, s = ctx.graph, ctx.settings
     factor = getattr(s, "guided_rival_factor", 1.5)
     per_kernel = getattr(s, "guided_rivals", 3)
+    tol = float(getattr(s, "guided_tolerance", 0.0))
     by_part: dict[int, list] = {}
     for c in ctx.candidates:
         by_part.setdefault(c.partition, []).append(c)
@@ -274,8 +383,9 @@ def _guided_rounds(
             gs.budget_round = gs.budget_round or gs.rounds
             z = -abs(z) if z else -1.0  # step 5: pessimistic past the budget
         by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set((klass or {}).values()) | {"generated"}}
-        scale = {h: by_class[klass.get(h, "generated") if klass else "generated"] for h in pred}
         known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
+        near = _neighbour_scales(g, ctx.candidates, known, pred, klass or {}, z)
+        scale = {h: near.get(h, by_class[klass.get(h, "generated") if klass else "generated"]) for h in pred}
 
         want: set[str] = set()
         for pi, part in enumerate(ctx.partitions):
@@ -290,6 +400,15 @@ def _guided_rounds(
                 # here is worth measuring; the final solve runs that part on
                 # onnxruntime (Note [Unmeasurable partitions] in pipeline.py)
                 continue
+            if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
+                # Note [Guided tolerance]: close enough to what is measured already
+                measured_costs = [known[c.hash] if known[c.hash] is not None else math.inf for c in cands]
+                try:
+                    inc = solve(g, part, [c.kernel for c in cands], measured_costs, time_limit_s=s.blp_time_limit_s)
+                except OrchestrationError:
+                    inc = None
+                if inc is not None and orch.objective >= (1.0 - tol) * inc.objective:
+                    continue
             for i in orch.chosen:
                 k = cands[i]
                 if known[k.hash] is None:
