@@ -268,6 +268,7 @@ def cmd_guided(args) -> dict:
                 num_threads=args.threads,
                 guided_profiling=mode == "guided",
                 tile_configs=args.tile_configs,
+                **({} if args.optimism is None else {"guided_optimism": args.optimism}),
                 **({} if args.plan_check else {"region_bias": (), "choose_threads": False}),
             )
             load0 = os.getloadavg()[0]
@@ -344,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tile-configs", default="model", choices=["model", "rule"])
     p.add_argument("--verbose", action="store_true", help="grid: print every config's time")
     p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
+    p.add_argument("--optimism", type=float, default=None, help="guided: Settings.guided_optimism (z)")
     args = p.parse_args(argv)
     print("loadavg", os.getloadavg(), flush=True)
     if args.what == "grid":

@@ -66,7 +66,7 @@ class Settings:
     guided_profiling: bool = True
     guided_rival_factor: float = 1.5
     guided_rivals: int = 0
-    guided_optimism: float = 0.7
+    guided_optimism: float = 1.0
     # a partition whose optimistic plan is within this share of its measured-only plan
     # measures nothing more (Note [Guided tolerance])
     guided_tolerance: float = 0.03
