@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
 
 import korch
@@ -369,3 +370,48 @@ def test_lean_plan_check_builds_times_and_frees_one_plan_at_a_time(settings, tmp
     assert all(v > 0 for v in pc["ms"].values())
     assert most[0] <= 2  # the plan just built, and at most one the collector has not reached
     assert compiled.report["max_rel_error"] <= TOL
+
+
+def _matmul_relu() -> onnx.ModelProto:
+    """x -> MatMul -> Relu: its input is read by a linear kernel only."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "matmul_relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 32])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("name", ["matmul_relu", "chain6"])
+def test_inputs_are_copied_to_alignment_only_for_generated_kernels(name, settings, tmp_path):
+    """check_inputs makes the one aligned copy of a graph input only when a generated
+    (fast-path) kernel reads it; an input only library kernels read is passed as is
+    (numpy arrays are 16-byte aligned, so the copy was made on every call)."""
+    from korch.kernels.base import ALIGN
+
+    model = _matmul_relu() if name == "matmul_relu" else build(name)
+    exe = korch.optimize(model, output_dir=tmp_path, settings=settings).executable
+    fast_reads = {i for st, f in zip(exe.steps, exe._fast) if f is not None for i in st.inputs}
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for n, s in exe.inputs.items():
+        buf = np.empty(int(np.prod(s.shape)) + 16, s.dtype)
+        off = next(k for k in range(16) if (buf.ctypes.data + 4 * k) % ALIGN != 0)  # misaligned on purpose
+        feeds[n] = buf[off : off + int(np.prod(s.shape))].reshape(s.shape)
+        feeds[n][...] = rng.standard_normal(s.shape)
+    env = exe.check_inputs(feeds)
+    for n, s in exe.inputs.items():
+        if s.node in fast_reads:
+            assert env[s.node] is not feeds[n] and env[s.node].ctypes.data % ALIGN == 0
+        else:
+            assert env[s.node] is feeds[n]
+    # chain6's first kernel is generated; matmul_relu's input goes to a library MatMul
+    assert bool(exe._align_inputs) == (name == "chain6")
+    want = exe({n: np.ascontiguousarray(v) for n, v in feeds.items()})
+    for k, v in exe(feeds).items():
+        np.testing.assert_array_equal(v, want[k])
