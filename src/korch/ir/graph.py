@@ -48,6 +48,10 @@ class Node:
     def is_scalar_const(self) -> bool:
         return self.op is Op.CONST and self.attr("value") is not None
 
+    def gather_indices(self) -> np.ndarray:
+        """A GATHER's indices as an int64 array of their stored shape."""
+        return np.array(self.attr("indices"), dtype=np.int64).reshape(self.attr("indices_shape"))
+
 
 @dataclasses.dataclass
 class Graph:

@@ -34,7 +34,7 @@ def _pad(node: Node, x: np.ndarray) -> np.ndarray:
 
 
 def _gather(node: Node, x: np.ndarray) -> np.ndarray:
-    idx = np.array(node.attr("indices"), dtype=np.int64).reshape(node.attr("indices_shape"))
+    idx = node.gather_indices()
     return np.take(x, idx, axis=node.attr("axis"))
 
 

@@ -342,7 +342,7 @@ def _raise_nearest_upsamples(
         node = nodes[nid]
         if node.op is not Op.GATHER or len(node.shape) < 3:
             return None
-        idx = np.array(node.attr("indices"), dtype=np.int64).reshape(node.attr("indices_shape"))
+        idx = node.gather_indices()
         axis = int(node.attr("axis"))
         return axis if _upsample_factor(idx, nodes[ins(nid)[0]].shape[axis]) else None
 

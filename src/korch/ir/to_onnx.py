@@ -339,7 +339,7 @@ class _Exporter:
         elif op is Op.PAD:
             self.lower_pad(node, out)
         elif op is Op.GATHER:
-            idx = np.array(node.attr("indices"), dtype=np.int64).reshape(node.attr("indices_shape"))
+            idx = node.gather_indices()
             axis = int(node.attr("axis"))
             in_shape = self.g.nodes[ins[0]].shape
             factor = _upsample_factor(idx, in_shape[axis])
