@@ -331,7 +331,7 @@ def step_threads(ctx: Context) -> None:
 
         return fn
 
-    t = time_alternating({str(n): run_with(n), "1": run_with(1)}, rounds=15)
+    t = time_alternating({str(n): run_with(n), "1": run_with(1)}, rounds=15, max_seconds=20.0, min_rounds=3)
     ms = {k: v["median_ms"] for k, v in t.items()}
     best = 1 if t["1"]["rel"] < t[str(n)]["rel"] else n
     exe.set_threads(best)

@@ -54,6 +54,7 @@ def step_plans(ctx: P.Context) -> None:
     seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
     base = ctx.chosen
     feeds = random_feeds(ctx.executable.inputs)
+    ctx.executable(feeds)  # its arena and its sessions' memory are allocated on a first call
     if _lean(ctx):
         _lean_plans(ctx, base, seen, feeds)
         return
@@ -83,7 +84,7 @@ def step_plans(ctx: P.Context) -> None:
     for name, (_, exe) in plans.items():
         exe.set_threads(max(1, int(s.num_threads)))
         fns[name] = lambda exe=exe: exe(feeds)
-    t = time_alternating(fns, rounds=10)
+    t = time_alternating(fns, rounds=10, max_seconds=10.0 * len(fns), min_rounds=3)
     ms = {k: v["median_ms"] for k, v in t.items()}
     best = min(t, key=lambda k: t[k]["rel"])  # by round-relative time (Note [Timing in blocks])
     ctx.chosen, ctx.executable = plans[best]
@@ -123,7 +124,8 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
 # The alternating timing keeps every plan built at once. A batch-16 Segformer's plans
 # (arenas, onnxruntime sessions with their own arenas, a 1 GB decoder concat) took the
 # process to 24 GB and the OOM killer, even with two plans alive. So when the BLP's
-# plan alone already holds ``LEAN_SHARE`` of the machine's memory, the check goes
+# plan alone, after one call, holds ``LEAN_SHARE`` of the machine's memory (the arena
+# and onnxruntime's own arenas are allocated on the first call), the check goes
 # plan by plan: each is built, timed alone (median of blocks), and freed; the winner
 # is built again at the end. Timed alone, plans are compared across seconds of this
 # VM's drift (Note [Timing in blocks]) instead of round by round, so the check is
@@ -142,7 +144,10 @@ def _rss_share() -> float:
 
 
 def _lean(ctx: P.Context) -> bool:
-    return _rss_share() > LEAN_SHARE
+    share = _rss_share()
+    if share > LEAN_SHARE:
+        log.warning("plan check: %.0f%% of memory in use; plans built, timed and freed one at a time", 100 * share)
+    return share > LEAN_SHARE
 
 
 def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
@@ -157,7 +162,9 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
 
     def timed(name: str, chosen: list, exe, again: Callable[[], tuple[list, Any]]) -> None:
         exe.set_threads(max(1, int(s.num_threads)))
-        ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10)[name]["median_ms"]
+        ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10, max_seconds=10.0, min_rounds=3)[name][
+            "median_ms"
+        ]
         rebuild[name] = again
         ctx.executable = None
 

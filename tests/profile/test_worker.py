@@ -130,3 +130,15 @@ def test_default_memory_limit_is_half_the_machine_at_least_4_gib():
 
     want = max(4096.0, psutil.virtual_memory().total / 2**21)
     assert Settings().kernel_memory_mb == pytest.approx(want)
+
+
+def test_slow_kernels_stop_sampling_early_fast_ones_take_every_repeat():
+    import time
+
+    from korch.profile.timing import MAX_SAMPLING_MS, MIN_SAMPLES, time_kernel
+
+    def slow(args):
+        time.sleep(MAX_SAMPLING_MS / 1e3 / 3)  # three samples already pass the cap
+
+    assert len(time_kernel(slow, [], warmup=1, repeat=15, min_sample_ms=0.1)) == MIN_SAMPLES
+    assert len(time_kernel(lambda args: None, [], warmup=1, repeat=15, min_sample_ms=0.1)) == 15

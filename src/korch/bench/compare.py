@@ -55,7 +55,12 @@ def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray])
 
 
 def time_alternating(
-    fns: dict[str, Callable[[], object]], rounds: int = 20, min_ms: float = 50.0, block: int = 3
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 20,
+    min_ms: float = 50.0,
+    block: int = 3,
+    max_seconds: float = 60.0,
+    min_rounds: int = 5,
 ) -> dict:
     """Median and spread per engine, engines interleaved round by round.
 
@@ -71,6 +76,9 @@ def time_alternating(
     geometric mean of all engines' times in that round. Rounds are short, so a phase
     scales every engine of a round alike and cancels; ``rel`` ranks close engines more
     steadily than the medians do.
+
+    Past ``min_rounds`` rounds, timing stops once the kept calls add up to
+    ``max_seconds``: a batch-16 Segformer call takes 1.5 s.
     """
     for fn in fns.values():
         fn()
@@ -78,7 +86,6 @@ def time_alternating(
     block = max(1, int(block))
     samples: dict[str, list[float]] = {k: [] for k in fns}
     per_round: list[dict[str, float]] = []
-    t_end = None
     for r in range(rounds):
         this: dict[str, float] = {}
         for name, fn in fns.items():
@@ -91,10 +98,8 @@ def time_alternating(
             samples[name] += kept
             this[name] = statistics.median(kept)
         per_round.append(this)
-        if r == 2:
-            t_end = time.perf_counter()
-        if t_end is not None and r >= 4 and sum(sum(s) for s in samples.values()) > 60_000:
-            break  # cap the measuring time of big models at about a minute
+        if r + 1 >= min_rounds and sum(sum(s) for s in samples.values()) > 1e3 * max_seconds:
+            break  # cap the measuring time of big models
     del min_ms
     rel: dict[str, list[float]] = {k: [] for k in fns}
     for this in per_round:

@@ -56,21 +56,34 @@ def check_outputs(kgraph: Graph, args: list[np.ndarray], got: list[np.ndarray], 
     return ""
 
 
+# past this many samples, a kernel's samples stop once they add up to MAX_SAMPLING_MS:
+# a batch-16 Segformer has kernels of 50-200 ms, which took 1-3 s each to measure at 15
+# samples, for hundreds of candidates
+MIN_SAMPLES = 5
+MAX_SAMPLING_MS = 400.0
+
+
 def time_kernel(fn, args: list[np.ndarray], warmup: int, repeat: int, min_sample_ms: float) -> list[float]:
     """Per-call times in microseconds: ``repeat`` samples, each averaging enough calls
-    to last ``min_sample_ms`` (so microsecond kernels are not timer noise)."""
+    to last ``min_sample_ms`` (so microsecond kernels are not timer noise); slow kernels
+    stop after ``MIN_SAMPLES`` once sampling has taken ``MAX_SAMPLING_MS``."""
     for _ in range(max(1, warmup)):
         fn(args)
     t0 = time.perf_counter()
     fn(args)
     one = max(time.perf_counter() - t0, 1e-7)
     inner = max(1, int(min_sample_ms * 1e-3 / one))
-    times = []
+    times: list[float] = []
+    spent = 0.0
     for _ in range(repeat):
         t0 = time.perf_counter()
         for _ in range(inner):
             fn(args)
-        times.append((time.perf_counter() - t0) / inner * 1e6)
+        dt = time.perf_counter() - t0
+        times.append(dt / inner * 1e6)
+        spent += dt
+        if len(times) >= MIN_SAMPLES and spent * 1e3 > MAX_SAMPLING_MS:
+            break
     return times
 
 
