@@ -269,6 +269,7 @@ def cmd_guided(args) -> dict:
                 guided_profiling=mode == "guided",
                 tile_configs=args.tile_configs,
                 **({} if args.optimism is None else {"guided_optimism": args.optimism}),
+                **({} if args.tolerance is None else {"guided_tolerance": args.tolerance}),
                 **({} if args.plan_check else {"region_bias": (), "choose_threads": False}),
             )
             load0 = os.getloadavg()[0]
@@ -346,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="grid: print every config's time")
     p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
     p.add_argument("--optimism", type=float, default=None, help="guided: Settings.guided_optimism (z)")
+    p.add_argument("--tolerance", type=float, default=None, help="guided: Settings.guided_tolerance")
     args = p.parse_args(argv)
     print("loadavg", os.getloadavg(), flush=True)
     if args.what == "grid":

@@ -427,3 +427,15 @@ def test_guided_tolerance_measures_no_more_and_stays_within_it():
     assert len(measured) <= len(all_rounds)
     guided, exhaustive = _objectives(ctx, measured, truth)
     assert guided <= exhaustive * 1.03, (guided, exhaustive)
+
+
+def test_seeds_come_from_the_first_rounds_choice_first():
+    from korch.orchestrate.guided import _seed
+
+    pred = {f"g{i:02d}": float(i) for i in range(80)} | {"l0": 5.0, "l1": 50.0, "l2": 500.0}
+    klass = {h: ("linear" if h.startswith("l") else "generated") for h in pred}
+    prefer = {f"g{i}5" for i in range(8)} | {"l0"}
+    # spread over the preferred kernels' costs, as over the whole class without them
+    assert _seed(pred, klass, set(), prefer) == ["g15", "g35", "g55", "g75", "l0"]
+    # too few preferred: those, then quantile midpoints of the rest
+    assert _seed(pred, klass, set(), {"g05"}) == ["g05", "g14", "g40", "g66", "l1"]

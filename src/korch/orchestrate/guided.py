@@ -16,7 +16,8 @@ milliseconds, so the orchestrator decides what is worth measuring:
    prediction times an *optimistic scale*: ``exp(mean - z * sd)`` of
    log(measured / predicted) over the kernels of the same class (generated or linear)
    measured so far. A few kernels of each class (``SEED_PER_CLASS``, spread over the
-   predicted costs) are measured before the first round; a kernel with a measured
+   predicted costs; first among those an uncalibrated round chooses, which a round
+   would measure anyway) are measured before the first round; a kernel with a measured
    *neighbour* (Note [Measured neighbours]) takes the neighbour's error instead of the
    class scale. With no seeds, the scale assumed
    the model's level right, and on a machine where it was not (the linear roofline
@@ -168,7 +169,11 @@ def step_profile(ctx) -> None:
                     if m is not None:
                         results[(w.hash, b)] = m
             measure([w for h, w in workloads.items() if h not in pred])
-            seed = _seed(pred, klass, {h for h, _ in results})
+            # Note [Model-guided profiling], step 2: seeds among what an uncalibrated
+            # first round would choose
+            z = getattr(s, "guided_optimism", 1.0)
+            first = _round_wants(ctx, workloads, pred, results, klass, z, 0.0)
+            seed = _seed(pred, klass, {h for h, _ in results}, first)
             gs.seeded = len(seed)
             measure([workloads[h] for h in seed])
             _guided_rounds(ctx, workloads, pred, results, measure, gs, klass)
@@ -210,12 +215,18 @@ SEED_PER_CLASS = {"generated": 4, "linear": 2}
 SEED_EVERY = 20
 
 
-def _seed(pred: dict[str, float], klass: dict[str, str], measured: set[str]) -> list[str]:
+def _seed(
+    pred: dict[str, float], klass: dict[str, str], measured: set[str], prefer: set[str] | frozenset = frozenset()
+) -> list[str]:
     """A few workloads of each predicted class, at the midpoints of equal quantiles of
     its predicted costs, so that the first round's optimistic scale starts from the
     model's level on this machine, not from the assumption that it has none. Classes
     with that many measurements already (a resumed database) get none. A small class
-    gets one seed per ``SEED_EVERY`` workloads (at least one)."""
+    gets one seed per ``SEED_EVERY`` workloads (at least one).
+
+    Seeds are taken from ``prefer`` first (the kernels an uncalibrated first round
+    chooses, which that round would measure anyway), spread over their costs the
+    same way; a class with too few there is filled from the rest."""
     out: list[str] = []
     for cls, most in SEED_PER_CLASS.items():
         hs = sorted((h for h in pred if klass.get(h, "generated") == cls), key=lambda h: (pred[h], h))
@@ -225,7 +236,13 @@ def _seed(pred: dict[str, float], klass: dict[str, str], measured: set[str]) -> 
         k = min(k - have, len(todo))
         if k <= 0:
             continue
-        out += [todo[int((i + 0.5) * len(todo) / k)] for i in range(k)]  # quantile midpoints
+        first = [h for h in todo if h in prefer]
+        if len(first) >= k:
+            out += [first[int((i + 0.5) * len(first) / k)] for i in range(k)]  # quantile midpoints
+            continue
+        rest = [h for h in todo if h not in prefer]
+        k -= len(first)
+        out += first + [rest[int((i + 0.5) * len(rest) / k)] for i in range(k)]
     return out
 
 
@@ -360,70 +377,78 @@ def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
 def _guided_rounds(
     ctx, workloads, pred, results, measure, gs: GuidedStats, klass: dict | None = None, max_rounds: int = 50
 ) -> None:
-    from korch.orchestrate import OrchestrationError, solve
-
-    g, s = ctx.graph, ctx.settings
-    factor = getattr(s, "guided_rival_factor", 1.5)
-    per_kernel = getattr(s, "guided_rivals", 3)
+    s = ctx.settings
     tol = float(getattr(s, "guided_tolerance", 0.0))
-    by_part: dict[int, list] = {}
-    for c in ctx.candidates:
-        by_part.setdefault(c.partition, []).append(c)
     for _ in range(max_rounds):
         gs.rounds += 1
-        # one optimistic scale per class of prediction (tiling model; linear roofline)
-        ratios: dict[str, list[float]] = {}
-        for h, p in pred.items():
-            m = _cost(results, h, workloads[h].backends)
-            if m is not None and math.isfinite(m) and p > 0:
-                ratios.setdefault(klass.get(h, "generated") if klass else "generated", []).append(m / p)
         z = getattr(s, "guided_optimism", 1.0)
         budget = getattr(s, "profile_budget_s", 0.0)
         if budget and time.perf_counter() - gs.started > budget:
             gs.budget_round = gs.budget_round or gs.rounds
             z = -abs(z) if z else -1.0  # step 5: pessimistic past the budget
-        by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set((klass or {}).values()) | {"generated"}}
-        known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
-        near = _neighbour_scales(g, ctx.candidates, known, pred, klass or {}, z)
-        scale = {h: near.get(h, by_class[klass.get(h, "generated") if klass else "generated"]) for h in pred}
-
-        want: set[str] = set()
-        for pi, part in enumerate(ctx.partitions):
-            cands = by_part.get(pi, [])
-            if not cands:
-                continue
-            costs = [_estimate(c.hash, known, pred, scale) for c in cands]
-            try:
-                orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
-            except OrchestrationError:
-                # every candidate writing some output failed its measurement: nothing
-                # here is worth measuring; the final solve runs that part on
-                # onnxruntime (Note [Unmeasurable partitions] in pipeline.py)
-                continue
-            if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
-                # Note [Guided tolerance]: close enough to what is measured already
-                measured_costs = [known[c.hash] if known[c.hash] is not None else math.inf for c in cands]
-                try:
-                    inc = solve(g, part, [c.kernel for c in cands], measured_costs, time_limit_s=s.blp_time_limit_s)
-                except OrchestrationError:
-                    inc = None
-                if inc is not None and orch.objective >= (1.0 - tol) * inc.objective:
-                    continue
-            for i in orch.chosen:
-                k = cands[i]
-                if known[k.hash] is None:
-                    want.add(k.hash)
-                nodes = set(k.kernel.nodes)
-                per_prim = costs[i] / max(1, len(nodes))
-                rivals = []
-                for j, c in enumerate(cands):
-                    if j == i or known[c.hash] is not None or c.hash in want or not nodes & set(c.kernel.nodes):
-                        continue
-                    r = costs[j] / max(1, len(c.kernel.nodes))
-                    if r <= factor * per_prim:
-                        rivals.append((r, c.hash))
-                want.update(h for _, h in sorted(rivals)[:per_kernel])
+        want = _round_wants(ctx, workloads, pred, results, klass or {}, z, tol)
         if not want:
             return
         measure([workloads[h] for h in sorted(want)])
     # out of rounds: whatever is still unmeasured stays unavailable to the final solve
+
+
+def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: float) -> set[str]:
+    """One round: the BLP of every partition on optimistic costs; the unmeasured kernels
+    it chooses (and their near rivals, ``Settings.guided_rivals``)."""
+    from korch.orchestrate import OrchestrationError, solve
+
+    g, s = ctx.graph, ctx.settings
+    factor = getattr(s, "guided_rival_factor", 1.5)
+    per_kernel = getattr(s, "guided_rivals", 3)
+    by_part: dict[int, list] = {}
+    for c in ctx.candidates:
+        by_part.setdefault(c.partition, []).append(c)
+    # one optimistic scale per class of prediction (tiling model; linear roofline)
+    ratios: dict[str, list[float]] = {}
+    for h, p in pred.items():
+        m = _cost(results, h, workloads[h].backends)
+        if m is not None and math.isfinite(m) and p > 0:
+            ratios.setdefault(klass.get(h, "generated"), []).append(m / p)
+    by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set(klass.values()) | {"generated"}}
+    known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
+    near = _neighbour_scales(g, ctx.candidates, known, pred, klass, z)
+    scale = {h: near.get(h, by_class[klass.get(h, "generated")]) for h in pred}
+
+    want: set[str] = set()
+    for pi, part in enumerate(ctx.partitions):
+        cands = by_part.get(pi, [])
+        if not cands:
+            continue
+        costs = [_estimate(c.hash, known, pred, scale) for c in cands]
+        try:
+            orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
+        except OrchestrationError:
+            # every candidate writing some output failed its measurement: nothing
+            # here is worth measuring; the final solve runs that part on
+            # onnxruntime (Note [Unmeasurable partitions] in pipeline.py)
+            continue
+        if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
+            # Note [Guided tolerance]: close enough to what is measured already
+            measured_costs = [known[c.hash] if known[c.hash] is not None else math.inf for c in cands]
+            try:
+                inc = solve(g, part, [c.kernel for c in cands], measured_costs, time_limit_s=s.blp_time_limit_s)
+            except OrchestrationError:
+                inc = None
+            if inc is not None and orch.objective >= (1.0 - tol) * inc.objective:
+                continue
+        for i in orch.chosen:
+            k = cands[i]
+            if known[k.hash] is None:
+                want.add(k.hash)
+            nodes = set(k.kernel.nodes)
+            per_prim = costs[i] / max(1, len(nodes))
+            rivals = []
+            for j, c in enumerate(cands):
+                if j == i or known[c.hash] is not None or c.hash in want or not nodes & set(c.kernel.nodes):
+                    continue
+                r = costs[j] / max(1, len(c.kernel.nodes))
+                if r <= factor * per_prim:
+                    rivals.append((r, c.hash))
+            want.update(h for _, h in sorted(rivals)[:per_kernel])
+    return want
