@@ -86,7 +86,7 @@ def step_plans(ctx: P.Context) -> None:
         fns[name] = lambda exe=exe: exe(feeds)
     t = time_alternating(fns, rounds=10, max_seconds=10.0 * len(fns), min_rounds=3)
     ms = {k: v["median_ms"] for k, v in t.items()}
-    best = min(t, key=lambda k: t[k]["rel"])  # by round-relative time (Note [Timing in blocks])
+    best = _keep(t)
     ctx.chosen, ctx.executable = plans[best]
     ctx.report.update(
         plan_check={
@@ -96,6 +96,34 @@ def step_plans(ctx: P.Context) -> None:
             "in_place_scale": scales,
         }
     )
+
+
+# Note [Keeping a plan over the baseline]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The plans are ranked by round-relative time (Note [Timing in blocks]). On this VM
+# plans within a few percent of each other trade places from run to run, and a pick
+# among them is a coin toss; when the coin falls on a plan of many kernels, the
+# executable is as slow as that plan really is on a quieter minute. In one run
+# bert2_b1's check ranked "regions x0.4" first by relative time (0.94 against 0.99)
+# while its median was 16.3 ms against 13.7 ms for the unrewritten graph as one
+# onnxruntime kernel. So the baseline, that one-kernel plan (or the rewritten one when
+# there is no unrewritten plan), is only left for a plan that is faster on both
+# measures and in at least ``PLAN_WIN_SHARE`` of the rounds, timed side by side.
+PLAN_WIN_SHARE = 0.7
+
+
+def _keep(t: dict) -> str:
+    """The plan to keep from ``time_alternating``'s result (Note [Keeping a plan over
+    the baseline])."""
+    best = min(t, key=lambda k: t[k]["rel"])
+    base = next((b for b in ("one region, unrewritten", "one region") if b in t), None)
+    if base is None or best == base:
+        return best
+    a, b = t[best], t[base]
+    wins = sum(x < y for x, y in zip(a["round_ms"], b["round_ms"]))
+    if a["median_ms"] < b["median_ms"] and wins >= PLAN_WIN_SHARE * len(a["round_ms"]):
+        return best
+    return base
 
 
 def _one_region_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:

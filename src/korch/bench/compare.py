@@ -115,6 +115,7 @@ def time_alternating(
             "p90_ms": s_sorted[(9 * len(s)) // 10],
             "runs": len(s),
             "rel": statistics.median(rel[name]),
+            "round_ms": [this[name] for this in per_round],
         }
     return out
 
