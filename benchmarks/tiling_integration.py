@@ -266,7 +266,9 @@ def cmd_guided(args) -> dict:
                 db_path=str(tmp / f"{name}-{mode}.db"),
                 progress=False,
                 num_threads=args.threads,
-                guided_profiling=mode == "guided",
+                # --noise-floor: the "guided" slot profiles exhaustively too, so the
+                # columns show what re-measuring alone changes
+                guided_profiling=mode == "guided" and not args.noise_floor,
                 tile_configs=args.tile_configs,
                 **({} if args.optimism is None else {"guided_optimism": args.optimism}),
                 **({} if args.tolerance is None else {"guided_tolerance": args.tolerance}),
@@ -348,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
     p.add_argument("--optimism", type=float, default=None, help="guided: Settings.guided_optimism (z)")
     p.add_argument("--tolerance", type=float, default=None, help="guided: Settings.guided_tolerance")
+    p.add_argument(
+        "--noise-floor", action="store_true", help="guided: run exhaustive profiling twice (the run-to-run noise)"
+    )
     args = p.parse_args(argv)
     print("loadavg", os.getloadavg(), flush=True)
     if args.what == "grid":
