@@ -188,7 +188,7 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
     ms: dict[str, float] = {}
     rebuild: dict[str, Callable[[], tuple[list, Any]]] = {}
 
-    def timed(name: str, chosen: list, exe, again: Callable[[], tuple[list, Any]]) -> None:
+    def timed(name: str, exe, again: Callable[[], tuple[list, Any]]) -> None:
         exe.set_threads(max(1, int(s.num_threads)))
         ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10, max_seconds=10.0, min_rounds=3)[name][
             "median_ms"
@@ -203,7 +203,7 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
 
     exe = ctx.executable
     ctx.executable = None
-    timed("blp", base, exe, functools.partial(build_chosen, base))
+    timed("blp", exe, functools.partial(build_chosen, base))
     del exe
     gc.collect()  # an executable holds reference cycles: free it before the next is built
     tries: list[tuple[str, Callable[[], tuple[list, Any] | None]]] = [("one region", lambda: _one_region_plan(ctx))]
@@ -212,12 +212,8 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
     for name, cost in _bias_costs(ctx):
 
         def biased(cost=cost) -> tuple[list, Any] | None:
-            alt = P._solve_all(ctx, cost)
-            key = tuple(c.kernel.nodes for c in alt)
-            if key in seen:
-                return None
-            seen.add(key)
-            return build_chosen(alt)
+            alt = _new_choice(ctx, seen, cost)
+            return None if alt is None else build_chosen(alt)
 
         tries.append((name, biased))
     for name, build in tries:
@@ -230,13 +226,11 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
             continue
         chosen, exe = got
         again = build if name.startswith("one region") else functools.partial(build_chosen, chosen)
-        timed(name, chosen, exe, again)
+        timed(name, exe, again)
         del exe, got
         gc.collect()
     best = min(ms, key=ms.get)
-    ctx.chosen, ctx.executable = rebuild[best]()
-    if len(ctx.chosen) == 1 and ctx.chosen[0].partition == -1:
-        ctx.executable.steps[0].kernel.set_spin(True)
+    ctx.chosen, ctx.executable = rebuild[best]()  # (the one-region builders set their spin)
     ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True})
 
 
@@ -290,12 +284,7 @@ PLAN_MEMORY_SHARE = 0.4
 def _memory_full(ctx: P.Context) -> bool:
     """Whether this process holds more than ``PLAN_MEMORY_SHARE`` of the machine's memory
     (then the plan check builds no more plans; the report counts those skipped)."""
-    try:
-        import psutil
-
-        full = psutil.Process().memory_info().rss > PLAN_MEMORY_SHARE * psutil.virtual_memory().total
-    except Exception:  # noqa: BLE001 - no reading: build as before
-        return False
+    full = _rss_share() > PLAN_MEMORY_SHARE  # 0 when there is no reading: build as before
     if full:
         ctx.report["plans_skipped_for_memory"] = ctx.report.get("plans_skipped_for_memory", 0) + 1
         log.warning("plan check: %.0f%% of memory in use, no further plan built", 100 * PLAN_MEMORY_SHARE)
@@ -307,15 +296,23 @@ def _add_plan(ctx: P.Context, plans: dict, seen: set, name: str, cost: Callable[
     chose the same kernels (or memory is full: ``_memory_full``)."""
     if _memory_full(ctx):
         return False
-    alt = P._solve_all(ctx, cost)
-    key = tuple(c.kernel.nodes for c in alt)
-    if key in seen:
+    alt = _new_choice(ctx, seen, cost)
+    if alt is None:
         return False
-    seen.add(key)
     ctx.chosen = alt
     P.step_build(ctx)
     plans[name] = (alt, ctx.executable)
     return True
+
+
+def _new_choice(ctx: P.Context, seen: set, cost: Callable[[P.Candidate], float]) -> list | None:
+    """The BLP's choice on ``cost``; None when an earlier plan chose the same kernels."""
+    alt = P._solve_all(ctx, cost)
+    key = tuple(c.kernel.nodes for c in alt)
+    if key in seen:
+        return None
+    seen.add(key)
+    return alt
 
 
 def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
