@@ -73,6 +73,9 @@ class Settings:
     # after this many seconds of profiling the guided rounds turn pessimistic (Note
     # [Model-guided profiling]) and converge on what is measured; 0: no budget
     profile_budget_s: float = 300.0
+    # once this share of the candidates is measured the guided rounds turn pessimistic
+    # too (Note [Measurement share budget]); 0: no budget
+    guided_share_budget: float = 0.15
     # end to end, time the executable with num_threads and with 1 thread and keep the
     # faster (Note [Runtime threads]); cpu target only
     choose_threads: bool = True

@@ -439,3 +439,20 @@ def test_seeds_come_from_the_first_rounds_choice_first():
     assert _seed(pred, klass, set(), prefer) == ["g15", "g35", "g55", "g75", "l0"]
     # too few preferred: those, then quantile midpoints of the rest
     assert _seed(pred, klass, set(), {"g05"}) == ["g05", "g14", "g40", "g66", "l1"]
+
+
+def test_guided_share_budget_turns_pessimistic_and_converges():
+    # Note [Measurement share budget]: once the share is measured the rounds turn
+    # pessimistic: no more rounds or measurements than without it, a finite plan
+    _, free, _, gs0, _ = _guided_on_mlp(profile_budget_s=0.0, guided_share_budget=0.0)
+    ctx, measured, truth, gs, n = _guided_on_mlp(profile_budget_s=0.0, guided_share_budget=1e-9)
+    assert gs0.share_round is None and gs.share_round == 1
+    assert gs.rounds <= gs0.rounds and len(measured) <= len(free)
+    guided, exhaustive = _objectives(ctx, measured, truth)
+    assert math.isfinite(guided) and guided >= exhaustive * (1 - 1e-9)
+    from korch.orchestrate.guided import _measured_share
+
+    workloads = {c.hash: types.SimpleNamespace(backends=c.backends) for c in ctx.candidates}
+    results = {(h, b): types.SimpleNamespace(ok=True, median_us=1.0) for h in measured for b in workloads[h].backends}
+    share = _measured_share(ctx.candidates, workloads, results)
+    assert share == sum(c.hash in measured for c in ctx.candidates) / len(ctx.candidates)
