@@ -14,7 +14,8 @@ them alike.
 databases, order alternated between models); prints candidates enumerated, measured,
 rounds, total optimize time, the Spearman rank correlation of predicted vs measured
 latency over all candidates the exhaustive run measured (generated kernels), and the
-end-to-end latency of both executables timed alternately in one process (medians),
+end-to-end latency of both executables, each in a process of its own, timed alternately in blocks (medians, and
+``guided_over_exhaustive_rel``: the ratio round by round, drift cancelled),
 and the test-retest Spearman of the measurements themselves over the generated kernels
 both runs measured (the ceiling for any prediction's rank correlation). The share
 measured is of candidate kernels (``candidates_measured_share``: candidates whose cost
@@ -219,21 +220,29 @@ def cmd_grid(args) -> dict:
 
 
 # --- guided ----------------------------------------------------------------------------------
-def _time_exes(dirs: list[Path], rounds: int) -> list[float]:
+def _time_exes(dirs: list[Path], rounds: int) -> tuple[list[float], float]:
+    """Medians of the executables, each in a process of its own (Note [Engines in their
+    own processes]), timed alternately in blocks of about 100 ms (Note [Timing in
+    blocks]), and the first's round-by-round time relative to the second's (``rel``:
+    drift of the machine between rounds cancels)."""
     import korch
+    from korch.bench.compare import time_alternating
+    from korch.bench.isolate import EngineProcess
 
-    exes = [korch.load(d) for d in dirs]
     rng = np.random.default_rng(0)
-    feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in exes[0].executable.inputs.items()}
-    samples: list[list[float]] = [[] for _ in exes]
-    for e in exes:
-        e(feeds)
-    for _ in range(rounds):
-        for i, e in enumerate(exes):
-            t0 = time.perf_counter()
-            e(feeds)
-            samples[i].append((time.perf_counter() - t0) * 1e3)
-    return [statistics.median(s) for s in samples]
+    inputs = korch.load(dirs[0]).executable.inputs
+    feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in inputs.items()}
+    fns = {}
+    try:
+        for i, d in enumerate(dirs):
+            fns[str(i)] = EngineProcess("korch", d, feeds, [], 2)
+        per_call = statistics.median(fns["0"].block(5))
+        block = max(3, min(30, math.ceil(100.0 / max(per_call, 1e-3))))
+        t = time_alternating(fns, rounds=rounds, block=block, max_seconds=30.0)
+    finally:
+        for e in fns.values():
+            e.close()
+    return [t[str(i)]["median_ms"] for i in range(len(dirs))], t["0"]["rel"] / t["1"]["rel"]
 
 
 def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
@@ -272,6 +281,7 @@ def cmd_guided(args) -> dict:
                 tile_configs=args.tile_configs,
                 **({} if args.optimism is None else {"guided_optimism": args.optimism}),
                 **({} if args.tolerance is None else {"guided_tolerance": args.tolerance}),
+                **({} if args.share is None else {"guided_share_budget": args.share}),
                 **({} if args.plan_check else {"region_bias": (), "choose_threads": False}),
             )
             load0 = os.getloadavg()[0]
@@ -286,6 +296,7 @@ def cmd_guided(args) -> dict:
                 "predicted_only": r.get("candidates_predicted"),
                 "candidates_measured": r["candidates"] - (r.get("candidates_predicted") or 0),
                 "rounds": r.get("profiling_rounds"),
+                "share_round": r.get("profiling_share_round"),
                 "prediction_s": r.get("prediction_seconds"),
                 "optimize_s": round(secs, 1),
                 "profile_s": r["stage_seconds"].get("profile"),
@@ -314,9 +325,10 @@ def cmd_guided(args) -> dict:
             res["retest_spearman"] = round(_spearman([a for a, _ in twice], [b for _, b in twice]), 3)
             res["retest_n"] = len(twice)
             retest += twice
-        lat = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
+        lat, rel = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
         res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
         res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
+        res["guided_over_exhaustive_rel"] = round(rel, 4)  # round by round, drift cancelled
         # both plans on the exhaustive run's measurements: the guided plan's loss with
         # no re-measurement noise (each run measures its kernels afresh)
         on_ex = [sum(costs.get(h, math.inf) for h in res[m].pop("chosen")) for m in ("guided", "exhaustive")]
@@ -350,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
     p.add_argument("--optimism", type=float, default=None, help="guided: Settings.guided_optimism (z)")
     p.add_argument("--tolerance", type=float, default=None, help="guided: Settings.guided_tolerance")
+    p.add_argument("--share", type=float, default=None, help="guided: Settings.guided_share_budget")
     p.add_argument(
         "--noise-floor", action="store_true", help="guided: run exhaustive profiling twice (the run-to-run noise)"
     )

@@ -142,3 +142,53 @@ def test_bench_reports_a_torch_peer_that_cannot_be_rebuilt(optimized, capsys, tm
     (row,) = json.loads((root / "out" / "bench.json").read_text())["rows"]
     assert set(row["ms"]) == {"korch", "ort"}
     assert "RuntimeError" in row["skipped"]["eager"] and row["skipped"]["compile"] == row["skipped"]["eager"]
+
+
+def test_bench_in_process_flag_keeps_every_engine_here(optimized):
+    from korch.cli import main
+
+    root, model = optimized
+    rc = main(
+        ["bench", str(model), "-o", str(root / "out"), "--peers", "ort", "--rounds", "3", "--no-plot"]
+        + ["--threads", "2", "--in-process", "--json", str(root / "inproc.json")]
+    )
+    assert rc == 0
+    (row,) = json.loads((root / "inproc.json").read_text())["rows"]
+    assert row["isolated"] is False and set(row["ms"]) == {"korch", "ort"}
+    assert row["max_rel_err_korch"] <= 1e-4
+
+
+def test_engine_process_runs_and_times_an_engine_in_its_own_process(optimized):
+    # Note [Engines in their own processes]: outputs and self-timed blocks come back
+    import os
+
+    import numpy as np
+
+    from korch.api import load
+    from korch.bench.compare import ort_session, time_alternating
+    from korch.bench.isolate import EngineProcess
+    from korch.bench.suite import bench_feeds
+    from korch.errors import KorchError
+
+    root, model = optimized
+    feeds = bench_feeds(load(root / "out" / "mlp").executable.inputs)
+    sess = ort_session(open(model, "rb").read(), 1)
+    names = [o.name for o in sess.get_outputs()]
+    want = dict(zip(names, sess.run(None, feeds)))
+    ort = EngineProcess("ort", model, feeds, names, 1)
+    kor = EngineProcess("korch", root / "out" / "mlp", feeds, names, 1)
+    try:
+        assert ort._proc.pid != os.getpid() and kor._proc.pid != ort._proc.pid
+        for e in (ort, kor):
+            got = e.outputs()
+            for n in names:
+                np.testing.assert_allclose(got[n], want[n], rtol=1e-4, atol=1e-5)
+        times = ort.block(4)
+        assert len(times) == 4 and all(t > 0 for t in times)
+        out = time_alternating({"ort": ort, "korch": kor}, rounds=3, block=3)
+        assert out["ort"]["runs"] == out["korch"]["runs"] == 3 * 2
+    finally:
+        ort.close()
+        kor.close()
+    with pytest.raises(KorchError, match="korch engine failed during start"):
+        EngineProcess("korch", root / "no-such-folder", feeds, names, 1)

@@ -30,6 +30,7 @@ def cmd_bench(args) -> int:
         reoptimize=args.reoptimize,
         json_path=args.json or out / "bench.json",
         plot_path=None if args.no_plot else (args.plot or out / "bench.png"),
+        isolate=not args.in_process,
     )
     return 0
 
@@ -62,6 +63,9 @@ def add_parsers(sub, common) -> None:
     b.add_argument("--json", help="results JSON (default OUTPUT/bench.json)")
     b.add_argument("--plot", help="speedup plot PNG (default OUTPUT/bench.png; needs matplotlib)")
     b.add_argument("--no-plot", action="store_true")
+    b.add_argument(
+        "--in-process", action="store_true", help="time every engine in this process, not each in its own process"
+    )
     common(b)
     b.set_defaults(fn=cmd_bench)
 

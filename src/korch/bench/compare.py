@@ -79,22 +79,21 @@ def time_alternating(
 
     Past ``min_rounds`` rounds, timing stops once the kept calls add up to
     ``max_seconds``: a batch-16 Segformer call takes 1.5 s.
+
+    An engine is a callable, timed here, or has ``block(n)`` returning the times of n
+    calls it timed itself (``korch.bench.isolate.EngineProcess``: an engine in its own
+    process, which answers once its threads are idle).
     """
     for fn in fns.values():
-        fn()
-        fn()
+        _block_ms(fn, 2)
     block = max(1, int(block))
     samples: dict[str, list[float]] = {k: [] for k in fns}
     per_round: list[dict[str, float]] = []
     for r in range(rounds):
         this: dict[str, float] = {}
         for name, fn in fns.items():
-            kept = []
-            for j in range(block):
-                t0 = time.perf_counter()
-                fn()
-                if j > 0 or block == 1:
-                    kept.append((time.perf_counter() - t0) * 1e3)
+            times = _block_ms(fn, block)
+            kept = times[1:] if block > 1 else times
             samples[name] += kept
             this[name] = statistics.median(kept)
         per_round.append(this)
@@ -117,6 +116,18 @@ def time_alternating(
             "rel": statistics.median(rel[name]),
             "round_ms": [this[name] for this in per_round],
         }
+    return out
+
+
+def _block_ms(fn, n: int) -> list[float]:
+    """Milliseconds of n calls of an engine (Note [Engines in their own processes])."""
+    if hasattr(fn, "block"):
+        return list(fn.block(n))
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
     return out
 
 

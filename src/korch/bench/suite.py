@@ -1,8 +1,10 @@
 """``korch bench``: korch against the engines a user would otherwise pick, side by side.
 
 For each model: optimize it (or load the executable already in its output folder),
-then time korch and the peers in one process, interleaved round by round after a
-warm-up (``compare.time_alternating``), and check every output against onnxruntime.
+then time korch and the peers, each in a process of its own (Note [Engines in their
+own processes], ``isolate.py``; ``--in-process``: all in this one), interleaved round
+by round after a warm-up (``compare.time_alternating``), and check every output
+against onnxruntime.
 
 Peers:
 - ``ort``: onnxruntime, default CPU session, all graph optimizations, the same thread
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -40,6 +43,9 @@ from korch.errors import KorchError
 log = logging.getLogger("korch")
 
 ALL_PEERS = ("ort", "eager", "compile", "tvm")
+# engines in their own processes: each block is at least this long (at least 3 calls,
+# at most 30), its first call dropped (Note [Engines in their own processes])
+BLOCK_MS = 100.0
 PEER_LABELS = {"ort": "onnxruntime", "eager": "torch eager", "compile": "torch.compile", "tvm": "TVM (untuned)"}
 
 
@@ -159,26 +165,8 @@ def _korch_executable(model: Path, out_dir: Path, settings: Settings, reoptimize
     return compiled, opt_s, loaded_from
 
 
-def bench_model(
-    model: str | Path,
-    out_dir: str | Path,
-    settings: Settings,
-    peers: Sequence[str] = ALL_PEERS,
-    rounds: int = 20,
-    tvm_runs: int = 3,
-    reoptimize: bool = False,
-) -> dict[str, Any]:
-    model = Path(model)
-    if not model.exists():
-        raise KorchError(f"{model}: no such file")
-    out_dir = Path(out_dir)
-    row: dict[str, Any] = {"model": model.stem, "path": str(model), "threads": settings.num_threads}
-    compiled, opt_s, how = _korch_executable(model, out_dir, settings, reoptimize)
-    row["optimize_seconds"] = opt_s
-    row["korch_from"] = how
-    row["kernels"] = len(compiled.executable.steps)
-    feeds = bench_feeds(compiled.executable.inputs)
-
+def _in_process_engines(model: Path, compiled, feeds, settings: Settings, peers, row: dict):
+    """(fns, errors, skipped, want, out_names): every engine in this process."""
     sess = ort_session(model.read_bytes(), settings.num_threads)
     out_names = [o.name for o in sess.get_outputs()]
     want = dict(zip(out_names, sess.run(None, feeds)))
@@ -216,8 +204,95 @@ def bench_model(
                 except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
                     fns.pop("compile", None)
                     skipped["compile"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
-    row["load_before"] = _loadavg()
-    timing = time_alternating(fns, rounds=rounds)
+    return fns, errors, skipped, want, out_names
+
+
+def _isolated_engines(model: Path, out_dir: Path, feeds, settings: Settings, peers, row: dict, engines: list):
+    """As ``_in_process_engines``, each engine in a process of its own (Note [Engines in
+    their own processes]); the started engines are appended to ``engines``."""
+    import onnx
+
+    from korch.bench.isolate import EngineProcess
+
+    threads = settings.num_threads
+    out_names = [o.name for o in onnx.load(str(model), load_external_data=False).graph.output]
+
+    def start(kind: str, spec) -> EngineProcess:
+        e = EngineProcess(kind, spec, feeds, out_names, threads)
+        engines.append(e)
+        return e
+
+    ref = start("ort", model)
+    want = ref.outputs()
+    fns: dict[str, Callable[[], object]] = {"korch": start("korch", out_dir)}
+    errors = {"korch": max_rel_error(fns["korch"].outputs(), want)}  # type: ignore[attr-defined]
+    skipped: dict[str, str] = {}
+    if "ort" in peers:
+        fns["ort"] = ref
+        errors["ort"] = 0.0
+    else:
+        ref.close()
+    for kind in ("eager", "compile"):
+        if kind not in peers:
+            continue
+        if importlib.util.find_spec("torch") is None or not sidecar_path(model).exists():
+            skipped[kind] = "no torch sidecar or torch not installed"
+            continue
+        if kind == "compile" and "eager" in skipped:
+            skipped[kind] = skipped["eager"]  # the same module would fail to rebuild again
+            continue
+        try:
+            e = start(kind, model)
+            errors[kind] = max_rel_error(e.outputs(), want)
+        except KorchError as err:  # a peer that fails is reported, not fatal
+            skipped[kind] = str(err).splitlines()[0][:160]
+            continue
+        fns[kind] = e
+        if "compile_seconds" in e.info:
+            row["compile_seconds"] = e.info["compile_seconds"]
+    return fns, errors, skipped, want, out_names
+
+
+def bench_model(
+    model: str | Path,
+    out_dir: str | Path,
+    settings: Settings,
+    peers: Sequence[str] = ALL_PEERS,
+    rounds: int = 20,
+    tvm_runs: int = 3,
+    reoptimize: bool = False,
+    isolate: bool = True,
+) -> dict[str, Any]:
+    model = Path(model)
+    if not model.exists():
+        raise KorchError(f"{model}: no such file")
+    out_dir = Path(out_dir)
+    row: dict[str, Any] = {"model": model.stem, "path": str(model), "threads": settings.num_threads}
+    compiled, opt_s, how = _korch_executable(model, out_dir, settings, reoptimize)
+    row["optimize_seconds"] = opt_s
+    row["korch_from"] = how
+    row["kernels"] = len(compiled.executable.steps)
+    feeds = bench_feeds(compiled.executable.inputs)
+    engines: list = []
+    try:
+        if isolate:
+            del compiled  # its copy runs in a process of its own
+            fns, errors, skipped, want, out_names = _isolated_engines(
+                model, out_dir, feeds, settings, peers, row, engines
+            )
+        else:
+            fns, errors, skipped, want, out_names = _in_process_engines(model, compiled, feeds, settings, peers, row)
+        row["isolated"] = isolate
+        block = 3
+        if isolate:  # blocks of about BLOCK_MS from a first estimate of korch's call
+            per_call = statistics.median(fns["korch"].block(3))  # type: ignore[attr-defined]
+            block = max(3, min(30, math.ceil(BLOCK_MS / max(per_call, 1e-3))))
+        row["block"] = block
+        row["load_before"] = _loadavg()
+        timing = time_alternating(fns, rounds=rounds, block=block)
+    finally:
+        for e in engines:
+            e.close()
     if "tvm" in peers:
         try:
             t0 = time.perf_counter()
@@ -357,11 +432,12 @@ def run_bench(
     json_path: str | Path | None = None,
     plot_path: str | Path | None = None,
     echo: Callable[[str], None] = print,
+    isolate: bool = True,
 ) -> list[dict]:
     rows = []
     for m in models:
         m = Path(m)
-        row = bench_model(m, Path(out_root) / m.stem, settings, peers, rounds, tvm_runs, reoptimize)
+        row = bench_model(m, Path(out_root) / m.stem, settings, peers, rounds, tvm_runs, reoptimize, isolate)
         rows.append(row)
         echo(
             f"{m.stem}: korch {row['ms']['korch']:.3f} ms, "
