@@ -54,11 +54,14 @@ def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray])
     return worst
 
 
+BLOCK_MS = 100.0  # Note [Timing in blocks]: block=None
+
+
 def time_alternating(
     fns: dict[str, Callable[[], object]],
     rounds: int = 20,
     min_ms: float = 50.0,
-    block: int = 3,
+    block: int | None = 3,
     max_seconds: float = 60.0,
     min_rounds: int = 5,
 ) -> dict:
@@ -80,12 +83,18 @@ def time_alternating(
     Past ``min_rounds`` rounds, timing stops once the kept calls add up to
     ``max_seconds``: a batch-16 Segformer call takes 1.5 s.
 
+    ``block=None`` sizes blocks to about ``BLOCK_MS`` of the fastest engine's calls (3
+    to 30 calls): the first calls after another engine ran are slower than the first
+    one alone (Note [Engines in their own processes]), and a block of three on a 3 ms
+    model kept two of those.
+
     An engine is a callable, timed here, or has ``block(n)`` returning the times of n
     calls it timed itself (``korch.bench.isolate.EngineProcess``: an engine in its own
     process, which answers once its threads are idle).
     """
-    for fn in fns.values():
-        _block_ms(fn, 2)
+    warm = [_block_ms(fn, 2)[-1] for fn in fns.values()]
+    if block is None:  # about BLOCK_MS of the fastest engine's calls
+        block = max(3, min(30, math.ceil(BLOCK_MS / max(min(warm), 1e-3))))
     block = max(1, int(block))
     samples: dict[str, list[float]] = {k: [] for k in fns}
     per_round: list[dict[str, float]] = []
@@ -115,6 +124,7 @@ def time_alternating(
             "runs": len(s),
             "rel": statistics.median(rel[name]),
             "round_ms": [this[name] for this in per_round],
+            "block": block,
         }
     return out
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import math
 import os
 import statistics
 import time
@@ -43,9 +42,6 @@ from korch.errors import KorchError
 log = logging.getLogger("korch")
 
 ALL_PEERS = ("ort", "eager", "compile", "tvm")
-# engines in their own processes: each block is at least this long (at least 3 calls,
-# at most 30), its first call dropped (Note [Engines in their own processes])
-BLOCK_MS = 100.0
 PEER_LABELS = {"ort": "onnxruntime", "eager": "torch eager", "compile": "torch.compile", "tvm": "TVM (untuned)"}
 
 
@@ -283,13 +279,9 @@ def bench_model(
         else:
             fns, errors, skipped, want, out_names = _in_process_engines(model, compiled, feeds, settings, peers, row)
         row["isolated"] = isolate
-        block = 3
-        if isolate:  # blocks of about BLOCK_MS from a first estimate of korch's call
-            per_call = statistics.median(fns["korch"].block(3))  # type: ignore[attr-defined]
-            block = max(3, min(30, math.ceil(BLOCK_MS / max(per_call, 1e-3))))
-        row["block"] = block
         row["load_before"] = _loadavg()
-        timing = time_alternating(fns, rounds=rounds, block=block)
+        timing = time_alternating(fns, rounds=rounds, block=None)
+        row["block"] = timing["korch"]["block"]
     finally:
         for e in engines:
             e.close()
