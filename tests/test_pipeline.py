@@ -304,31 +304,6 @@ def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-5)
 
 
-def test_a_kept_one_kernel_executable_is_saved_spinning_like_onnxruntime(settings, tmp_path):
-    """Note [An executable runs alone]: the kept one-kernel plan is saved without the
-    spin stop its checks used; a plan of several kernels keeps its kernels unchanged."""
-    from korch.executable import Executable
-    from korch.pipeline import _unrewritten_plan, run_pipeline
-    from korch.plans import _runs_alone
-
-    ctx = run_pipeline(build("attention"), settings, measure=False)
-    _, exe = _unrewritten_plan(ctx)
-    k = exe.steps[0].kernel
-    assert k.spin and k.spin_stop
-    _runs_alone(exe)
-    exe.save(tmp_path)
-    loaded = Executable.load(tmp_path).steps[0].kernel
-    assert loaded.spin and not loaded.spin_stop
-    opts = loaded.session.get_session_options()
-    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    with pytest.raises(Exception, match="force_spinning_stop"):  # no such entry
-        opts.get_session_config_entry("session.force_spinning_stop")
-    if len(ctx.executable.steps) > 1:
-        before = [getattr(st.kernel, "spin_stop", None) for st in ctx.executable.steps]
-        _runs_alone(ctx.executable)
-        assert [getattr(st.kernel, "spin_stop", None) for st in ctx.executable.steps] == before
-
-
 def test_a_partition_whose_candidates_all_failed_runs_on_onnxruntime(settings, tmp_path, monkeypatch):
     """Note [Unmeasurable partitions]: every candidate writing the first MatMul's output
     'failed' its measurement; the optimization still completes, onnxruntime runs that

@@ -333,7 +333,14 @@ def step_threads(ctx: Context) -> None:
 
     from korch.plans import beats
 
-    t = time_alternating({str(n): run_with(n), "1": run_with(1)}, rounds=15, block=None, max_seconds=20.0, min_rounds=3)
+    t = time_alternating(
+        {str(n): run_with(n), "1": run_with(1)},
+        rounds=15,
+        block=None,
+        max_seconds=20.0,
+        min_rounds=3,
+        quiesce_first=True,
+    )
     ms = {k: v["median_ms"] for k, v in t.items()}
     # one thread only when it wins by every measure (Note [Runtime threads]): a coin
     # toss between near-equal counts kept efficientvit_b1's one onnxruntime session

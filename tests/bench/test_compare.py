@@ -38,3 +38,32 @@ def test_rel_cancels_drift_between_rounds(monkeypatch):
     out = C.time_alternating({"a": engine(2.0), "b": engine(1.0)}, rounds=6, block=3)
     assert abs(out["a"]["rel"] / out["b"]["rel"] - 2.0) < 1e-9
     assert abs(out["a"]["rel"] * out["b"]["rel"] - 1.0) < 1e-9
+
+
+def test_quiesce_waits_for_a_spinning_thread_to_stop():
+    # Note [Engines in their own processes]: a thread busy for 60 ms after a call is
+    # waited for; an idle process returns after one quiet window
+    import threading
+    import time
+
+    from korch.bench.compare import quiesce
+
+    assert quiesce() < 0.1
+
+    def spin(until):
+        while time.monotonic() < until:
+            pass
+
+    threading.Thread(target=spin, args=(time.monotonic() + 0.06,), daemon=True).start()
+    waited = quiesce()
+    assert 0.05 <= waited < 0.5
+
+
+def test_quiesce_first_runs_before_each_block(monkeypatch):
+    import korch.bench.compare as C
+
+    log: list[str] = []
+    monkeypatch.setattr(C, "quiesce", lambda: log.append("q") or 0.0)
+    fns = {k: (lambda k=k: log.append(k)) for k in ("a", "b")}
+    C.time_alternating(fns, rounds=2, block=2, quiesce_first=True)
+    assert log[4:] == ["q", "a", "a", "q", "b", "b"] * 2

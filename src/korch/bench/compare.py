@@ -57,6 +57,21 @@ def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray])
 BLOCK_MS = 100.0  # Note [Timing in blocks]: block=None
 
 
+def quiesce(window_s: float = 0.01, busy_share: float = 0.1, max_s: float = 0.5) -> float:
+    """Wait until this process's threads stop spinning: a window in which the whole
+    process used under ``busy_share`` of one core (onnxruntime's default pool spins on
+    after a call, about 30 ms for yolo_b1; OpenMP's too). The process's CPU time moves
+    in scheduler ticks (4 ms here), so the window is 10 ms. Returns the seconds waited.
+    (The monotonic clock: tests replace ``perf_counter`` with a fake one.)"""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < max_s:
+        c0, w0 = time.process_time(), time.monotonic()
+        time.sleep(window_s)
+        if time.process_time() - c0 < busy_share * (time.monotonic() - w0):
+            break
+    return time.monotonic() - t0
+
+
 def time_alternating(
     fns: dict[str, Callable[[], object]],
     rounds: int = 20,
@@ -64,6 +79,7 @@ def time_alternating(
     block: int | None = 3,
     max_seconds: float = 60.0,
     min_rounds: int = 5,
+    quiesce_first: bool = False,
 ) -> dict:
     """Median and spread per engine, engines interleaved round by round.
 
@@ -88,6 +104,10 @@ def time_alternating(
     one alone (Note [Engines in their own processes]), and a block of three on a 3 ms
     model kept two of those.
 
+    ``quiesce_first`` waits before each block until this process's threads are idle
+    (``quiesce``): a session that keeps spinning after its calls, like onnxruntime's
+    default one, then takes no cores from the engine timed next.
+
     An engine is a callable, timed here, or has ``block(n)`` returning the times of n
     calls it timed itself (``korch.bench.isolate.EngineProcess``: an engine in its own
     process, which answers once its threads are idle).
@@ -101,6 +121,8 @@ def time_alternating(
     for r in range(rounds):
         this: dict[str, float] = {}
         for name, fn in fns.items():
+            if quiesce_first and not hasattr(fn, "block"):  # (an engine process quiesces itself)
+                quiesce()
             times = _block_ms(fn, block)
             kept = times[1:] if block > 1 else times
             samples[name] += kept
@@ -148,7 +170,9 @@ def compare_with_onnxruntime(executable, model, settings) -> dict:
     want = dict(zip(names, sess.run(None, feeds)))
     got = executable(feeds)
     err = max_rel_error(got, want)
-    timing = time_alternating({"korch": lambda: executable(feeds), "onnxruntime": lambda: sess.run(None, feeds)})
+    timing = time_alternating(
+        {"korch": lambda: executable(feeds), "onnxruntime": lambda: sess.run(None, feeds)}, quiesce_first=True
+    )
     k, o = timing["korch"]["median_ms"], timing["onnxruntime"]["median_ms"]
     return {
         "latency_ms": round(k, 4),

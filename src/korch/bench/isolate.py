@@ -20,7 +20,7 @@ threads spinning after a call returns, and on two cores the engine timed next
 competed with them: yolo_b1, engines in processes, rounds of korch, onnxruntime and a
 second identical onnxruntime session: 3.9 / 2.9 / 6.3 ms, the one timed right after the
 first session slowed 2x. So an engine answers a block only once its process is quiet
-(``_quiesce``: a 10 ms window in which all its threads used under a tenth of a core),
+(``compare.quiesce``: a 10 ms window in which all its threads used under a tenth of a core),
 and the next engine starts on an idle machine, as each would run for a user. Its first
 calls after the idle wait are slower (yolo_b1, blocks of three: 4.8 / 3.6 / 3.3 ms for
 three engines that time 2.9-3.0 ms each in blocks of ten or thirty), so ``korch bench``
@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from korch.bench.compare import quiesce
 from korch.errors import KorchError
 
 START_TIMEOUT_S = 900.0  # torch.compile of a batch-16 model, on a loaded machine
@@ -78,20 +79,6 @@ def _build(kind: str, spec: str, feeds: dict, out_names: list[str], threads: int
     raise KorchError(f"unknown engine {kind!r}")
 
 
-def _quiesce(window_s: float = 0.01, busy_share: float = 0.1, max_s: float = 0.5) -> float:
-    """Wait until this process's threads stop spinning: a window in which the whole
-    process used under ``busy_share`` of one core (onnxruntime's default pool spins on
-    after a call, about 30 ms for yolo_b1; OpenMP's too). The process's CPU time moves
-    in scheduler ticks (4 ms here), so the window is 10 ms. Returns the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_s:
-        c0, w0 = time.process_time(), time.perf_counter()
-        time.sleep(window_s)
-        if time.process_time() - c0 < busy_share * (time.perf_counter() - w0):
-            break
-    return time.perf_counter() - t0
-
-
 def _engine_main(conn, kind: str, spec: str, feeds: dict, out_names: list[str], threads: int) -> None:
     try:
         run, info = _build(kind, spec, feeds, out_names, threads)
@@ -113,7 +100,7 @@ def _engine_main(conn, kind: str, spec: str, feeds: dict, out_names: list[str], 
                     t0 = time.perf_counter()
                     run()
                     times.append((time.perf_counter() - t0) * 1e3)
-                _quiesce()
+                quiesce()
                 conn.send(("ok", times))
             else:  # "close"
                 conn.send(("ok", None))

@@ -23,7 +23,7 @@ from korch.ir.graph import Graph
 from korch.kernels.base import Backend, CompiledKernel, register
 
 
-def _session(model: bytes | str, num_threads: int, spin: bool = False, stop: bool = True):
+def _session(model: bytes | str, num_threads: int, spin: bool = False):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -35,13 +35,9 @@ def _session(model: bytes | str, num_threads: int, spin: bool = False, stop: boo
     # Note [No spinning thread pools] in tvm_backend.py: a kernel among others never
     # spins (vit_tiny_b1's BLP plan, timed in blocks: 56 ms; 76 ms when every session
     # spins during its calls). A kernel that is the whole executable (the plan check's
-    # one-region plans, OrtKernel.set_spin) spins while its call runs and stops when it
-    # returns (yolo_b1 as one region: 14.0-19.8 ms this way, 16.0-25.6 ms without).
-    # Saved as a whole executable, it keeps spinning between calls like onnxruntime's
-    # default session (``stop`` False, Note [An executable runs alone] in plans.py).
+    # one-region plans, OrtKernel.set_spin) spins like onnxruntime's default session,
+    # also between calls (Note [An executable runs alone] in plans.py).
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    if spin and stop:
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
@@ -59,9 +55,6 @@ class OrtKernel(CompiledKernel):
     ):
         self.session = session
         self.spin = spin
-        # saved: whether the loaded session stops spinning when a call returns (a
-        # kernel of a plan being compared does; Note [An executable runs alone])
-        self.spin_stop = True
         self.feed_names = list(feed_names)
         self.feed_positions = list(feed_positions)
         self.output_names = list(output_names)
@@ -109,7 +102,6 @@ class OrtKernel(CompiledKernel):
             "feed_positions": self.feed_positions,
             "output_names": self.output_names,
             "spin": self.spin,
-            "spin_stop": self.spin_stop,
         }
 
 
@@ -142,11 +134,9 @@ class OrtBackend(Backend):
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
         path = Path(directory) / meta["file"]
         model = path.read_bytes()
-        spin, stop = bool(meta.get("spin", False)), bool(meta.get("spin_stop", True))
-        session = _session(model, num_threads, spin, stop)
-        k = OrtKernel(session, meta["feed_names"], meta["feed_positions"], meta["output_names"], model, spin)
-        k.spin_stop = stop
-        return k
+        spin = bool(meta.get("spin", False))
+        session = _session(model, num_threads, spin)
+        return OrtKernel(session, meta["feed_names"], meta["feed_positions"], meta["output_names"], model, spin)
 
     def version(self) -> str:
         import onnxruntime as ort
