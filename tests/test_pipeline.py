@@ -268,7 +268,15 @@ def test_library_regions_and_plan_check(name, settings, tmp_path):
     # kept by round-relative time (Note [Timing in blocks])
     # (or the one-kernel baseline: Note [Keeping a plan over the baseline])
     assert set(pc["rel"]) == set(pc["ms"])
-    assert pc["rel"][pc["kept"]] == min(pc["rel"].values()) or pc["kept"].startswith("one region")
+    # (or the model as one kernel: Note [The model as a plan])
+    from korch.plans import MODEL_PLAN
+
+    assert MODEL_PLAN in pc["ms"]
+    assert (
+        pc["rel"][pc["kept"]] == min(pc["rel"].values())
+        or pc["kept"].startswith("one region")
+        or (pc["kept"] == MODEL_PLAN)
+    )
     # the BLP plan's kernels were timed in place: a ratio per kernel kind it used
     assert pc["in_place_scale"] and all(v > 0 for v in pc["in_place_scale"].values())
     assert set(pc["in_place_scale"]) <= {"memory", "linear", "opaque", "region"}
@@ -287,9 +295,14 @@ def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
 
     ctx = run_pipeline(build("attention"), settings, measure=False)
     assert ctx.report["rewrites_applied"] and ctx.fissioned is not ctx.graph
+    from korch.plans import _model_plan
+
     chosen, exe = _unrewritten_plan(ctx)
     assert len(chosen) == 1 and len(exe.steps) == 1 and exe.steps[0].backend == "ort"
     assert set(exe.steps[0].nodes) == set(ctx.graph.compute_ids())
+    # Note [The model as a plan]: the model as loaded, one kernel, wired by name
+    _, as_model = _model_plan(ctx)
+    assert len(as_model.steps) == 1 and as_model.steps[0].kernel._model_bytes == ctx.model.SerializeToString()
     model = build("attention")
     feeds = korch.models.random_inputs(model)
     import onnxruntime as ort
@@ -297,7 +310,8 @@ def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     exe.save(tmp_path)
-    for e in (exe, Executable.load(tmp_path)):
+    as_model.save(tmp_path / "m")
+    for e in (exe, Executable.load(tmp_path), as_model, Executable.load(tmp_path / "m")):
         got = e(feeds)
         assert set(got) == set(want)
         for k in want:
@@ -454,3 +468,10 @@ def test_a_plan_replaces_the_one_kernel_baseline_only_when_faster_by_every_measu
     }
     assert _keep(both) == "x"
     assert _keep({"x": t(0.95, 9.0, [9.0] * 10)}) == "x"  # no baseline: the best by relative time
+    # the model as one onnxruntime kernel comes first (Note [The model as a plan]): a
+    # one-region plan faster in only half the rounds does not replace it
+    from korch.plans import MODEL_PLAN
+
+    half = [9.0] * 5 + [11.0] * 5
+    assert _keep({"one region": t(0.95, 9.5, half), MODEL_PLAN: t(1.0, 10.0, base)}) == MODEL_PLAN
+    assert _keep({"one region": t(0.95, 9.5, [9.0] * 10), MODEL_PLAN: t(1.0, 10.0, base)}) == "one region"
