@@ -475,3 +475,31 @@ def test_a_plan_replaces_the_one_kernel_baseline_only_when_faster_by_every_measu
     half = [9.0] * 5 + [11.0] * 5
     assert _keep({"one region": t(0.95, 9.5, half), MODEL_PLAN: t(1.0, 10.0, base)}) == MODEL_PLAN
     assert _keep({"one region": t(0.95, 9.5, [9.0] * 10), MODEL_PLAN: t(1.0, 10.0, base)}) == "one region"
+
+
+def test_thread_check_is_skipped_for_long_calls(monkeypatch):
+    """Note [Runtime threads]: an executable whose call takes longer than
+    THREADS_CHECK_MAX_MS keeps num_threads untimed."""
+    import types
+
+    import korch.pipeline as P
+    from korch.executable import TensorSpec
+
+    calls: list[int] = []
+
+    class Slow:
+        inputs = {"x": TensorSpec(0, (2,), "float32")}
+        threads = 0
+
+        def set_threads(self, n):
+            self.threads = n
+
+        def __call__(self, feeds):
+            calls.append(self.threads)
+            return {}
+
+    monkeypatch.setattr(P, "THREADS_CHECK_MAX_MS", -1.0)  # every call counts as long
+    ctx = types.SimpleNamespace(executable=Slow(), settings=Settings(num_threads=2), report={})
+    P.step_threads(ctx)
+    assert ctx.report["runtime_threads"] == 2 and ctx.report["threads_check"].startswith("skipped")
+    assert calls == [2] and ctx.executable.threads == 2
