@@ -114,6 +114,9 @@ def step_plans(ctx: P.Context) -> None:
 # 8% slower than the model (korch bench, engines in their own processes: 1.585 against
 # 1.451 and 1.584 against 1.492 ms in two cold runs; round-relative 0.323 against 0.299).
 MODEL_PLAN = "the model"
+# the plans of one onnxruntime kernel over the whole graph, in baseline order (their
+# builders rebuild them; Note [Keeping a plan over the baseline])
+WHOLE_PLANS = (MODEL_PLAN, "one region, unrewritten", "one region")
 
 
 # Note [Keeping a plan over the baseline]
@@ -135,7 +138,7 @@ def _keep(t: dict) -> str:
     """The plan to keep from ``time_alternating``'s result (Note [Keeping a plan over
     the baseline])."""
     best = min(t, key=lambda k: t[k]["rel"])
-    base = next((b for b in (MODEL_PLAN, "one region, unrewritten", "one region") if b in t), None)
+    base = next((b for b in WHOLE_PLANS if b in t), None)
     if base is None or best == base:
         return best
     return best if beats(t[best], t[base]) else base
@@ -156,9 +159,10 @@ def beats(a: dict, b: dict) -> bool:
 # plan timed next; but the kept executable runs alone, called back to back, and there
 # the stop costs a wake-up of the pool at every call: yolo_b1's kernel alone, fresh
 # processes, 200 calls, three runs: 2.79/3.06/3.07 ms spinning on, 2.84/3.09/3.32 ms
-# with the stop. The thread check timed that handicap too: attention_block's kernel
-# at 2 threads lost to 1 thread in the check (0.141 against 0.100 ms) and then ran
-# at 0.078 ms at 2 threads, spinning, in a process of its own. So the session spins
+# with the stop. The thread check timed that handicap too: attention's one-kernel
+# plan at 2 threads lost to 1 thread in the check (0.141 against 0.100 ms), while a
+# one-kernel plan of the same model (the unrewritten graph) ran 0.078 ms at 2 threads,
+# spinning, in a process of its own. So the session spins
 # as the user will run it, and the checks wait before each block until the process
 # is idle (``time_alternating(quiesce_first=True)``).
 
@@ -263,9 +267,7 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
         if got is None:
             continue
         chosen, exe = got
-        again = (
-            build if name.startswith("one region") or name == MODEL_PLAN else functools.partial(build_chosen, chosen)
-        )
+        again = build if name in WHOLE_PLANS else functools.partial(build_chosen, chosen)
         timed(name, exe, again)
         del exe, got
         gc.collect()

@@ -110,8 +110,8 @@ def _engine_main(conn, kind: str, spec: str, feeds: dict, out_names: list[str], 
 
 
 class EngineProcess:
-    """One engine in a spawned process: ``outputs()``, ``block(n)`` (ms of n calls),
-    and calling it runs it once (for warm-ups). Raises KorchError, with the child's
+    """One engine in a spawned process: ``outputs()`` and ``block(n)`` (ms of n calls,
+    which ``compare.time_alternating`` uses). Raises KorchError, with the child's
     message, when the engine cannot be built or a call fails."""
 
     def __init__(self, kind: str, spec: str | Path, feeds: dict, out_names: list[str], threads: int):
@@ -149,9 +149,6 @@ class EngineProcess:
 
     def block(self, n: int) -> list[float]:
         return self._ask("block", n)
-
-    def __call__(self):
-        return self.block(1)
 
     def close(self) -> None:
         if self._proc is None:
