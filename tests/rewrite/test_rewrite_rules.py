@@ -280,6 +280,46 @@ def inst_const_fold(rng, seed):
     return b.graph
 
 
+def _decode_stage(b: GraphBuilder, rng, x: int, c: int, hw: int, out: int, nearest: bool) -> int:
+    """A Segformer decode-head stage: channels-last projection to ``c`` with a bias,
+    viewed as NCHW, upsampled from ``hw`` to ``out`` (per axis: two gathers mixed by
+    constant spatial weights, or one nearest gather)."""
+    p = b.binary(Op.ADD, b.add(Op.MATMUL, [x, b.const(_w(rng, b.shape(x)[-1], c))]), b.const(_w(rng, c)))
+    y = b.reshape(b.transpose(p, (0, 2, 1)), (1, c, hw, hw))
+    for axis in (2, 3):
+        lo = np.arange(out) * hw // out
+        hi = np.minimum(lo + 1, hw - 1)
+        if nearest:
+            y = b.add(Op.GATHER, [y], axis=axis, indices=tuple(lo), indices_shape=(out,))
+            continue
+        shape = [1, 1, 1, 1]
+        shape[axis] = out
+        mixed = []
+        for idx, wt in ((lo, rng.uniform(0, 1, out)), (hi, rng.uniform(0, 1, out))):
+            gth = b.add(Op.GATHER, [y], axis=axis, indices=tuple(idx), indices_shape=(out,))
+            mixed.append(b.binary(Op.MUL, gth, b.const(wt.astype(np.float32).reshape(shape))))
+        y = b.add(Op.ADD, mixed)
+    return y
+
+
+def inst_sink_pointwise_conv(rng, seed):
+    """Segformer's decode head in small: stages upsampled to one size, concatenated,
+    fused by a 1x1 convolution (seed 2: a full-resolution stage that is not resized)."""
+    b = GraphBuilder()
+    c, out = _dim(rng, 4, 8), 6
+    parts = []
+    for k, hw in enumerate((2, 3) if seed != 2 else (3, 6)):
+        x = b.input(f"x{k}", (1, hw * hw, _dim(rng)), "float32")
+        parts.append(_decode_stage(b, rng, x, c, hw, out, nearest=seed == 1 and k == 0) if hw != out else None)
+        if hw == out:
+            p = b.add(Op.MATMUL, [x, b.const(_w(rng, b.shape(x)[-1], c))])
+            parts[-1] = b.reshape(b.transpose(p, (0, 2, 1)), (1, c, out, out))
+    cat = b.add(Op.CONCAT, parts, axis=1)
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+    b.output("y", b.add(Op.CONV, [cat, b.const(_w(rng, _dim(rng), 2 * c, 1, 1))], **attrs))
+    return b.graph
+
+
 INSTANCES = {name[len("inst_") :]: fn for name, fn in globals().items() if name.startswith("inst_")}
 
 
@@ -346,3 +386,29 @@ def test_rules_do_not_match_elsewhere():
     g = b.graph
     for name in ("reduce_sum_to_matmul", "matmul_scaled_lhs_out", "merge_conv_shared_input"):
         assert apply_rule(g, RULES_BY_NAME[name]) is None, name
+
+
+def test_sink_pointwise_conv_structure():
+    """Sunk, the decode head has no CONCAT, no CONV and no gather on the fused width:
+    each stage is one MatMul (projection and its slice of the fuse weight folded) at
+    its own resolution, and the gathers move the fused channels."""
+    g = inst_sink_pointwise_conv(np.random.default_rng(0), 0)
+    g2 = apply_rule(g, RULES_BY_NAME["sink_pointwise_conv"])
+    ops = [n.op for n in g2.nodes]
+    assert Op.CONCAT not in ops and Op.CONV not in ops
+    assert ops.count(Op.MATMUL) == 2
+    co = g.nodes[g.outputs["y"]].shape[1]
+    assert all(n.shape[1] == co for n in g2.nodes if n.op is Op.GATHER)
+    # gathers that shrink the tensor are not passed: the convolution stays above them
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6), "float32")
+    down = b.add(Op.GATHER, [x], axis=2, indices=(0, 2, 4), indices_shape=(3,))
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+    b.output("y", b.add(Op.CONV, [down, b.const(_w(np.random.default_rng(1), 8, 4, 1, 1))], **attrs))
+    assert apply_rule(b.graph, RULES_BY_NAME["sink_pointwise_conv"]) is None
+    # a stage also read elsewhere is not pushed through (it would be computed twice)
+    g = inst_sink_pointwise_conv(np.random.default_rng(0), 0)
+    cat = next(i for i, n in enumerate(g.nodes) if n.op is Op.CONCAT)
+    g.outputs["also"] = g.nodes[cat].inputs[0]
+    g3 = apply_rule(g, RULES_BY_NAME["sink_pointwise_conv"])
+    assert g3 is not None and [n.op for n in g3.nodes].count(Op.CONV) == 1

@@ -8,15 +8,17 @@ from korch.rewrite.rules.affine import AFFINE_RULES
 from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
 from korch.rewrite.rules.linear import LINEAR_RULES
 from korch.rewrite.rules.merge import MERGE_RULES
+from korch.rewrite.rules.sink import SINK_RULES
 
 TABLES = {
     "linear": LINEAR_RULES,
     "merge": MERGE_RULES,
+    "sink": SINK_RULES,
     "affine": AFFINE_RULES,
     "layout": LAYOUT_RULES,
     "const_fold": CONST_FOLD_RULES,
 }
-SEARCH = LINEAR_RULES + MERGE_RULES + AFFINE_RULES
+SEARCH = SINK_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
 SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 ALL_RULES = SEARCH + SIMPLIFY
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
@@ -29,6 +31,7 @@ __all__ = [
     "LAYOUT_RULES",
     "LINEAR_RULES",
     "MERGE_RULES",
+    "SINK_RULES",
     "RULES_BY_NAME",
     "SEARCH",
     "SIMPLIFY",
