@@ -91,6 +91,20 @@ def _nchw_view(g: Graph, nid: int) -> int | None:
     return t.inputs[0] if tuple(m.shape) == (b, h * w, c) else None
 
 
+def _channels_last_of(g: Graph, nid: int) -> int | None:
+    """``x`` when ``nid`` is ``transpose(reshape(x[B, C, H, W], (B, C, HW)), (0, 2, 1))``."""
+    node = g.nodes[nid]
+    if node.op is not Op.TRANSPOSE or tuple(node.attr("perm")) != (0, 2, 1):
+        return None
+    r = g.nodes[node.inputs[0]]
+    if r.op is not Op.RESHAPE:
+        return None
+    x = g.nodes[r.inputs[0]]
+    if len(x.shape) != 4 or tuple(r.shape) != (x.shape[0], x.shape[1], x.shape[2] * x.shape[3]):
+        return None
+    return r.inputs[0]
+
+
 def _digest(w: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(w).tobytes() + repr(w.shape).encode(), digest_size=12).digest()
 
@@ -115,7 +129,6 @@ class _Walk:
     def __init__(self, g: Graph, users: list[list[int]], root: int, w: np.ndarray):
         self.g, self.users, self.root = g, users, root
         self.region = self._region(root, w)
-        self.leaves: dict[int, None] = {}
         self.memo: dict[tuple, tuple] = {}
         self.flops_old = 2.0 * g.nodes[root].size * w.shape[1]
         self.flops_new = 0.0
@@ -185,7 +198,6 @@ class _Walk:
             full = np.broadcast_to(val, val.shape[:1] + (w.shape[1],) + val.shape[2:])
             e: tuple = ("const", np.einsum("oc,bchw->bohw", w, full).astype(node.dtype), shape)
         elif nid not in self.region or (node.op is Op.RESHAPE and node.inputs[0] not in self.region):
-            self.leaves[nid] = None
             self.flops_new += 2.0 * np.prod(shape) * w.shape[1]
             e = ("conv", nid, w, shape)
         elif node.op is Op.CONCAT:
@@ -208,9 +220,32 @@ class _Walk:
             e = ("add", self.conv(a, w), self.conv(b, w), shape)
         else:  # the channels-last view
             m = _nchw_view(g, nid)
-            e = ("view", self.mm(m, w.T), shape)
+            inner = self.mm(m, w.T)
+            e = self._as_conv(inner, shape) or ("view", inner, shape)
         self.memo[key] = e
         return e
+
+    def _as_conv(self, e: tuple, shape: tuple[int, ...]) -> tuple | None:
+        """``e`` (channels-last) in NCHW when each MatMul in it reads the channels-last
+        view of an NCHW tensor of ``shape``'s size: nchw(matmul(cl(x), M)) is conv(x,
+        M^T), and the two transposes cancel (segformer: each stage's projection read the
+        encoder's NCHW output through one transpose and wrote 256 channels through
+        another)."""
+        kind = e[0]
+        if kind == "const":
+            val = e[1]
+            if val.shape[1] != 1:
+                return None
+            return ("const", np.moveaxis(val, 2, 1)[..., None], shape)
+        if kind == "add":
+            a, b = self._as_conv(e[1], shape), self._as_conv(e[2], shape)
+            return None if a is None or b is None else ("add", a, b, shape)
+        if kind == "mm":
+            x = _channels_last_of(self.g, e[1])
+            if x is None or tuple(self.g.nodes[x].shape[2:]) != tuple(shape[2:]):
+                return None
+            return ("conv", x, e[2].T, shape)
+        return None
 
     def mm(self, nid: int, wt: np.ndarray) -> tuple:
         """``matmul(node, wt)`` for a rank-3 channels-last ``node`` and ``wt[C, Co]``."""
@@ -233,14 +268,11 @@ class _Walk:
             if k * wt.shape[1] <= k * wt.shape[0] + wt.shape[0] * wt.shape[1]:
                 self.flops_old += 2.0 * node.size * k
                 self.flops_new += 2.0 * np.prod(shape) * k
-                self.leaves[z] = None
                 e = ("mm", z, (vv @ wt).astype(node.dtype), shape)
             else:
-                self.leaves[nid] = None
                 self.flops_new += 2.0 * np.prod(shape) * wt.shape[0]
                 e = ("mm", nid, wt.astype(node.dtype), shape)
         else:
-            self.leaves[nid] = None
             self.flops_new += 2.0 * np.prod(shape) * wt.shape[0]
             e = ("mm", nid, wt.astype(node.dtype), shape)
         self.memo[key] = e
@@ -255,7 +287,19 @@ def _plan(g: Graph, users: list[list[int]], root: int) -> _Plan | None:
     if not walk.region:
         return None
     expr = walk.conv(g.nodes[root].inputs[0], w)
-    return _Plan(expr, list(walk.leaves), walk.flops_old, walk.flops_new)
+    return _Plan(expr, list(_leaves(expr, {})), walk.flops_old, walk.flops_new)
+
+
+def _leaves(e: tuple, acc: dict[int, None]) -> dict[int, None]:
+    """The graph nodes an expression reads, in first-read order."""
+    if e[0] in ("conv", "mm"):
+        acc[e[1]] = None
+    elif e[0] in ("add",):
+        _leaves(e[1], acc)
+        _leaves(e[2], acc)
+    elif e[0] in ("mul", "gather", "view"):
+        _leaves(e[1], acc)
+    return acc
 
 
 def _matches(ctx: Ctx, nid: int) -> Iterator[Match]:
