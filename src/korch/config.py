@@ -72,7 +72,7 @@ class Settings:
     guided_tolerance: float = 0.03
     # after this many seconds of profiling the guided rounds turn pessimistic (Note
     # [Model-guided profiling]) and converge on what is measured; 0: no budget
-    profile_budget_s: float = 300.0
+    profile_budget_s: float = 240.0
     # once this share of the candidates is measured the guided rounds turn pessimistic
     # too (Note [Measurement share budget]); 0: no budget
     guided_share_budget: float = 0.15

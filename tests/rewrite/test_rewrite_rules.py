@@ -320,6 +320,24 @@ def inst_sink_pointwise_conv(rng, seed):
     return b.graph
 
 
+def inst_conv_few_outputs_space_to_depth(rng, seed):
+    """Candy's last layer in small: a conv to RGB (seed 1: an even kernel and the conv's
+    own zero padding; seed 2: a biased conv behind a reflect pad, as exported)."""
+    b = GraphBuilder()
+    ci = _dim(rng)
+    k = (4 if seed == 1 else 3 + 2 * seed) if seed != 2 else 5
+    x = b.input("x", (1, ci, 8, 10), "float32")
+    pads = (1, 2, 2, 1) if seed == 1 else (0, 0, 0, 0)
+    if seed == 2:
+        x = b.add(Op.PAD, [x], pads=((0, 0), (0, 0), (2, 2), (2, 2)), mode="reflect")
+    elif seed == 0:
+        x = b.add(Op.PAD, [x], pads=((0, 0), (0, 0), (1, 1), (1, 1)), mode="constant", value=0.0)
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=pads, group=1)
+    y = b.add(Op.CONV, [x, b.const(_w(rng, 3, ci, k, k))], **attrs)
+    b.output("y", b.binary(Op.ADD, y, b.const(_w(rng, 1, 3, 1, 1))))
+    return b.graph
+
+
 INSTANCES = {name[len("inst_") :]: fn for name, fn in globals().items() if name.startswith("inst_")}
 
 

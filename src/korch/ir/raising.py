@@ -396,6 +396,39 @@ def _raise_global_average_pools(
     return found
 
 
+def _raise_depth_space(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+    """SpaceToDepth and DepthToSpace (DCR) for their reshape, 6-D transpose, reshape
+    (Note [Space-to-depth convolutions]): onnxruntime's generic Transpose took 4.6 ms on
+    Candy's [1, 32, 232, 232] input that its SpaceToDepth moves in about one."""
+    ins, users = _effective(graph, eff)
+    outs = set(graph.outputs.values())
+    nodes = graph.nodes
+    found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
+    for r2, node in enumerate(nodes):
+        if node.op is not Op.RESHAPE or len(node.shape) != 4:
+            continue
+        (t,) = ins(r2)
+        if nodes[t].op is not Op.TRANSPOSE or t in outs or users[t] != [r2]:
+            continue
+        (r1,) = ins(t)
+        if nodes[r1].op is not Op.RESHAPE or r1 in outs or users[r1] != [t]:
+            continue
+        (x,) = ins(r1)
+        xs, mid, perm = nodes[x].shape, nodes[r1].shape, tuple(nodes[t].attr("perm"))
+        if len(xs) != 4 or len(mid) != 6:
+            continue
+        n, c, h, w = xs
+        if perm == (0, 3, 5, 1, 2, 4) and mid[3] == mid[5] and mid == (n, c, h // mid[3], mid[3], w // mid[3], mid[3]):
+            bs = mid[3]
+            if node.shape == (n, c * bs * bs, h // bs, w // bs):
+                found[r2] = ((x,), "SpaceToDepth", {"blocksize": bs})
+        elif perm == (0, 3, 4, 1, 5, 2) and mid[1] == mid[2] and mid == (n, mid[1], mid[1], c // mid[1] ** 2, h, w):
+            bs = mid[1]
+            if node.shape == (n, c // (bs * bs), h * bs, w * bs):
+                found[r2] = ((x,), "DepthToSpace", {"blocksize": bs, "mode": "DCR"})
+    return found
+
+
 _COORD_MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "half_pixel_symmetric")
 
 

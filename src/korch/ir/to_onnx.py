@@ -24,6 +24,7 @@ from korch.ir.ops import GroupOp, Op
 from korch.ir.raising import (
     _bypass_broadcasts,
     _model_opset_at_least,
+    _raise_depth_space,
     _raise_global_average_pools,
     _raise_hard_activations,
     _raise_layer_norms,
@@ -509,6 +510,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_hard_activations(graph).items()})
     raised.update(_raise_softmax(graph, eff))
     raised.update(_raise_global_average_pools(graph, eff))
+    raised.update(_raise_depth_space(graph, eff))
     if _model_opset_at_least(graph, opset, 13):
         raised.update(_raise_linear_resizes(graph, eff, const_inputs))
         raised.update(_raise_nearest_upsamples(graph, eff))

@@ -8,17 +8,19 @@ from korch.rewrite.rules.affine import AFFINE_RULES
 from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
 from korch.rewrite.rules.linear import LINEAR_RULES
 from korch.rewrite.rules.merge import MERGE_RULES
+from korch.rewrite.rules.s2d import S2D_RULES
 from korch.rewrite.rules.sink import SINK_RULES
 
 TABLES = {
     "linear": LINEAR_RULES,
     "merge": MERGE_RULES,
     "sink": SINK_RULES,
+    "s2d": S2D_RULES,
     "affine": AFFINE_RULES,
     "layout": LAYOUT_RULES,
     "const_fold": CONST_FOLD_RULES,
 }
-SEARCH = SINK_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
+SEARCH = SINK_RULES + S2D_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
 SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 ALL_RULES = SEARCH + SIMPLIFY
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
@@ -31,6 +33,7 @@ __all__ = [
     "LAYOUT_RULES",
     "LINEAR_RULES",
     "MERGE_RULES",
+    "S2D_RULES",
     "SINK_RULES",
     "RULES_BY_NAME",
     "SEARCH",
