@@ -338,6 +338,31 @@ def inst_conv_few_outputs_space_to_depth(rng, seed):
     return b.graph
 
 
+def inst_narrow_before_transpose(rng, seed):
+    """Segformer's Mix-FFN in small: an NCHW depthwise output viewed channels-last, GELU
+    (x * 0.5 * (1 + erf(x / sqrt 2))), a projection to fewer channels (seed 1: no
+    activation; seed 2: two NCHW sources added)."""
+    b = GraphBuilder()
+    k, n = 8, _dim(rng, 2, 6)
+
+    def cl(x):
+        return b.transpose(b.reshape(x, (1, k, 12)), (0, 2, 1))
+
+    d = b.input("d", (1, k, 3, 4), "float32")
+    x = cl(d)
+    if seed == 2:
+        x = b.binary(Op.ADD, x, cl(b.input("e", (1, k, 3, 4), "float32")))
+    if seed != 1:
+        e = b.unary(Op.ERF, b.binary(Op.DIV, x, b.const(np.array(1.4142135, np.float32))))
+        x = b.binary(
+            Op.MUL,
+            b.binary(Op.MUL, x, b.binary(Op.ADD, e, b.const(np.array(1.0, np.float32)))),
+            b.const(np.array(0.5, np.float32)),
+        )
+    b.output("y", b.add(Op.MATMUL, [x, b.const(_w(rng, k, n))]))
+    return b.graph
+
+
 INSTANCES = {name[len("inst_") :]: fn for name, fn in globals().items() if name.startswith("inst_")}
 
 
@@ -430,3 +455,24 @@ def test_sink_pointwise_conv_structure():
     g.outputs["also"] = g.nodes[cat].inputs[0]
     g3 = apply_rule(g, RULES_BY_NAME["sink_pointwise_conv"])
     assert g3 is not None and [n.op for n in g3.nodes].count(Op.CONV) == 1
+
+
+def test_narrow_before_transpose_structure():
+    """After the rule the only transpose moves the projection's N channels, the GELU runs
+    on the NCHW tensor, and a widening projection is left alone; ``for_library`` applies
+    it wherever it matches."""
+    from korch.rewrite import for_library
+
+    g = inst_narrow_before_transpose(np.random.default_rng(0), 0)
+    n = g.nodes[g.outputs["y"]].shape[-1]
+    g2 = for_library(g)
+    transposes = [node for node in g2.nodes if node.op is Op.TRANSPOSE]
+    assert len(transposes) == 1 and g2.nodes[transposes[0].inputs[0]].shape[-1] == 12
+    assert g2.nodes[transposes[0].inputs[0]].shape[1] == n
+    assert [node.op for node in g2.nodes].count(Op.CONV) == 1
+    assert all(node.shape[1] == 8 for node in g2.nodes if node.op is Op.ERF)
+    b = GraphBuilder()
+    d = b.input("d", (1, 4, 3, 4), "float32")
+    x = b.transpose(b.reshape(d, (1, 4, 12)), (0, 2, 1))
+    b.output("y", b.add(Op.MATMUL, [x, b.const(_w(np.random.default_rng(1), 4, 16))]))
+    assert apply_rule(b.graph, RULES_BY_NAME["narrow_before_transpose"]) is None

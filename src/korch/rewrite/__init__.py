@@ -5,7 +5,7 @@ Note [Rewrite search] (search.py).
 """
 
 from korch.rewrite.cost import ByteFlopCost, default_cost
-from korch.rewrite.driver import apply_rule, compact, find_matches, graph_hash, rebuild, simplify_graph
+from korch.rewrite.driver import apply_rule, compact, find_matches, for_library, graph_hash, rebuild, simplify_graph
 from korch.rewrite.pattern import Match, Rule
 from korch.rewrite.rules import ALL_RULES, RULES_BY_NAME, SEARCH, SIMPLIFY, TABLES
 from korch.rewrite.search import RewriteStats, optimize_graph
@@ -24,6 +24,7 @@ __all__ = [
     "compact",
     "default_cost",
     "find_matches",
+    "for_library",
     "graph_hash",
     "optimize_graph",
     "rebuild",

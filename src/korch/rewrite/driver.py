@@ -238,3 +238,20 @@ def graph_hash(graph: Graph) -> str:
     for name in sorted(graph.consts):
         h.update(f"{name}={_digest(graph.consts[name])};".encode())
     return h.hexdigest()
+
+
+def for_library(graph: Graph, rules: Sequence[Rule] | None = None, counts: Counter | None = None) -> Graph:
+    """Apply the LIBRARY_LAYOUT rules greedily, one match at a time on the whole graph
+    (their conditions read every user of a node, which a bottom-up pass has not yet
+    built), until none matches."""
+    if rules is None:
+        from korch.rewrite.rules import LIBRARY_LAYOUT
+
+        rules = LIBRARY_LAYOUT
+    counts = counts if counts is not None else Counter()
+    for _ in range(len(graph.nodes)):
+        first = next(find_matches(graph, rules), None)
+        if first is None:
+            break
+        graph = rebuild(graph, [first], (), counts)
+    return graph

@@ -9,7 +9,7 @@ from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
 from korch.rewrite.rules.linear import LINEAR_RULES
 from korch.rewrite.rules.merge import MERGE_RULES
 from korch.rewrite.rules.s2d import S2D_RULES
-from korch.rewrite.rules.sink import SINK_RULES
+from korch.rewrite.rules.sink import LIBRARY_LAYOUT_RULES, SINK_RULES
 
 TABLES = {
     "linear": LINEAR_RULES,
@@ -22,7 +22,10 @@ TABLES = {
 }
 SEARCH = SINK_RULES + S2D_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
 SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
-ALL_RULES = SEARCH + SIMPLIFY
+# applied after the search, greedily (korch.rewrite.for_library): layouts an onnxruntime
+# region runs faster that the byte/flop cost cannot see
+LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES
+ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
 assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
 
@@ -31,6 +34,7 @@ __all__ = [
     "ALL_RULES",
     "CONST_FOLD_RULES",
     "LAYOUT_RULES",
+    "LIBRARY_LAYOUT",
     "LINEAR_RULES",
     "MERGE_RULES",
     "S2D_RULES",

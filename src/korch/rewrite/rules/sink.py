@@ -44,8 +44,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from korch.ir.graph import Graph, GraphBuilder
-from korch.ir.ops import Op
-from korch.rewrite.pattern import Ctx, Lookup, Match, Rule, bcast_const, is_float
+from korch.ir.ops import GroupOp, Op
+from korch.rewrite.pattern import Ctx, Lookup, Match, Rule, bcast_const, is_float, scalar_value
 
 # Kept when the new linear work is at most this share of the old.
 SINK_GAIN = 0.8
@@ -354,6 +354,112 @@ def _sink(b: GraphBuilder, m: Match, v: Lookup) -> int:
     node = g.nodes[root]
     return _emit(b, plan.expr, leaf, dict(node.attrs), node.dtype, {})
 
+
+# --- a narrowing MatMul on the channels-last view of NCHW data --------------------------
+#
+# Note [Narrowing before the transpose]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+#     matmul(f(cl(d)), V[K, N]) = cl(conv1x1(f(d), V^T))     (N < K)
+#
+# where cl(d) is the channels-last view of an NCHW tensor d[B, K, H, W] (a reshape and
+# a transpose) and f is elementwise with scalar constants. The transpose then moves N
+# channels instead of K. Segformer's Mix-FFN (HF SegformerMixFFN) expands to 4C
+# channels, runs its depthwise convolution in NCHW and turns back to channels-last for
+# GELU and the projection to C: onnxruntime spent 8.8 of its 73 ms on those
+# [HW, 4C] transposes (segformer_b1, its profiler). The byte/flop cost counts a
+# transpose fused into the elementwise kernel before it, so it sees no gain; the rule
+# runs after the search, where an onnxruntime region pays for every transpose
+# (``LIBRARY_LAYOUT_RULES``, applied by ``korch.rewrite.for_library``).
+
+
+def _narrow_region(g: Graph, users: list[list[int]], root: int) -> tuple[list[int], dict[int, int]] | None:
+    """(elementwise nodes in topological order, {cl view: its NCHW source}) feeding the
+    root MatMul's left input, or None if the pattern does not hold."""
+    node = g.nodes[root]
+    if node.op is not Op.MATMUL or len(node.shape) != 3 or not is_float(node):
+        return None
+    m, v = node.inputs
+    if g.nodes[v].op is not Op.CONST or len(g.nodes[v].shape) != 2:
+        return None
+    k, n = g.nodes[v].shape
+    if n >= k:
+        return None
+    region: set[int] = set()
+    views: dict[int, int] = {}
+    stack = [m]
+    while stack:
+        nid = stack.pop()
+        if nid in region or nid in views:
+            continue
+        src = _channels_last_of(g, nid)
+        if src is not None:
+            views[nid] = src
+            continue
+        x = g.nodes[nid]
+        if x.op not in GroupOp.ELEMENTWISE or x.shape != g.nodes[m].shape or not is_float(x):
+            return None
+        region.add(nid)
+        for i in x.inputs:
+            if scalar_value(g, i) is None:
+                stack.append(i)
+    if not views or any(u != root and u not in region for r in region for u in users[r]):
+        return None
+    if m not in region and m not in views:
+        return None
+    return sorted(region), views
+
+
+def _narrow_matches(ctx: Ctx, nid: int) -> Iterator[Match]:
+    g = ctx.graph
+    if g.nodes[nid].op is not Op.MATMUL:
+        return
+    found = _narrow_region(g, ctx.users, nid)
+    if found is None:
+        return
+    _, views = found
+    names = {f"d{i}": src for i, src in enumerate(dict.fromkeys(views.values()))}
+    yield Match(g, (nid,), names, tuple(names))
+
+
+def _narrow(b: GraphBuilder, m: Match, v: Lookup) -> int:
+    g = m.graph
+    users = g.users()
+    for nid in g.outputs.values():
+        users[nid].append(-1)
+    root = m.roots[0]
+    found = _narrow_region(g, users, root)
+    assert found is not None
+    region, views = found
+    src_new = {old: v(name) for name, old in m.nodes.items()}
+    new: dict[int, int] = {view: src_new[src] for view, src in views.items()}
+    for nid in region:
+        x = g.nodes[nid]
+        ins = []
+        for i in x.inputs:
+            if i in new:
+                ins.append(new[i])
+            else:
+                ins.append(b.const(np.array(scalar_value(g, i), dtype=g.nodes[i].dtype)))
+        new[nid] = b.add(x.op, ins, **dict(x.attrs))
+    mm, w = g.nodes[root].inputs
+    x = new[mm]
+    nchw = b.shape(x)
+    wt = g.const_value(w).T
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+    y = b.add(Op.CONV, [x, b.const(np.ascontiguousarray(wt)[:, :, None, None])], **attrs)
+    bsz, n = nchw[0], wt.shape[0]
+    return b.transpose(b.reshape(y, (bsz, n, nchw[2] * nchw[3])), (0, 2, 1))
+
+
+LIBRARY_LAYOUT_RULES = (
+    Rule(
+        "narrow_before_transpose",
+        _narrow_matches,
+        _narrow,
+        equation="matmul(f(cl(d)), V[K, N]) = cl(conv1x1(f(d), V^T))  (N < K, f elementwise; "
+        "Note [Narrowing before the transpose])",
+    ),
+)
 
 SINK_RULES = (
     Rule(
