@@ -192,3 +192,23 @@ def test_engine_process_runs_and_times_an_engine_in_its_own_process(optimized):
         kor.close()
     with pytest.raises(KorchError, match="korch engine failed during start"):
         EngineProcess("korch", root / "no-such-folder", feeds, names, 1)
+
+
+def test_bench_optimizes_in_a_process_of_its_own(tmp_path):
+    """With engines isolated, `korch bench` optimizes in a child process, so the memory
+    the optimization held is gone before the engines start; the executable it wrote is
+    the one loaded, and it runs."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from korch.bench.suite import _korch_executable, bench_feeds
+
+    model = Path(save("mlp", tmp_path / "mlp.onnx"))
+    settings = Settings(db_path=str(tmp_path / "r.db"), progress=False, num_threads=2, max_kernel_size=8)
+    out = tmp_path / "out" / "mlp"
+    compiled, opt_s, how = _korch_executable(model, out, settings, reoptimize=True, in_child=True)
+    assert how == "optimized now" and (out / "plan.json").exists()
+    assert opt_s == json.loads((out / "report.json").read_text())["optimize_seconds"]
+    got = compiled(bench_feeds(compiled.executable.inputs))
+    assert all(np.isfinite(v).all() for v in got.values())
