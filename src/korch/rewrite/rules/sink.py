@@ -163,9 +163,7 @@ class _Walk:
             return []
         if node.op is Op.ADD:
             return [(i, "mm") for i in node.inputs if _const(g, i) is None]
-        if node.op is Op.MATMUL and self.g.nodes[node.inputs[1]].op is Op.CONST and len(node.shape) == 3:
-            return []  # folded, not passed: its input is a leaf
-        return []
+        return []  # a MatMul by a constant is folded, not passed (``_region``): its input is a leaf
 
     def _region(self, root: int, w: np.ndarray) -> set[int]:
         cand: set[int] = set()
@@ -344,11 +342,8 @@ def _emit(b: GraphBuilder, e: tuple, leaf: dict[int, int], attrs: dict, dtype: s
 
 def _sink(b: GraphBuilder, m: Match, v: Lookup) -> int:
     g = m.graph
-    users = g.users()
-    for nid in g.outputs.values():
-        users[nid].append(-1)
     root = m.roots[0]
-    plan = _plan(g, users, root)
+    plan = _plan(g, Ctx(g).users, root)  # the match's plan, found again (Match holds ids only)
     assert plan is not None
     leaf = {old: v(name) for name, old in m.nodes.items()}
     node = g.nodes[root]
@@ -423,11 +418,8 @@ def _narrow_matches(ctx: Ctx, nid: int) -> Iterator[Match]:
 
 def _narrow(b: GraphBuilder, m: Match, v: Lookup) -> int:
     g = m.graph
-    users = g.users()
-    for nid in g.outputs.values():
-        users[nid].append(-1)
     root = m.roots[0]
-    found = _narrow_region(g, users, root)
+    found = _narrow_region(g, Ctx(g).users, root)
     assert found is not None
     region, views = found
     src_new = {old: v(name) for name, old in m.nodes.items()}
