@@ -358,12 +358,15 @@ def _new_choice(ctx: P.Context, seen: set, cost: Callable[[P.Candidate], float])
 
 
 def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
-    """The graph before rewrites as one onnxruntime kernel, as a plan over ``ctx.graph``.
+    """The graph before the search's rewrites as one onnxruntime kernel, as a plan over
+    ``ctx.graph``.
 
-    The rewrites are chosen for korch's kernels (merged Convs, a scale moved into a
-    bias); some of them hide from onnxruntime what it fuses (a merged Conv is split
-    again by Slices, which leave its blocked layout). The kernel reads the graph inputs
-    and writes the graph outputs, matched to ``ctx.graph``'s by name.
+    The search's rewrites are chosen for korch's kernels (merged Convs, a scale moved
+    into a bias); some of them hide from onnxruntime what it fuses (a merged Conv is
+    split again by Slices, which leave its blocked layout; a HardSwish split by
+    ``mul_over_add_const``). The library layouts (``korch.rewrite.for_library``) are
+    applied to this graph too: they are for onnxruntime. The kernel reads the graph
+    inputs and writes the graph outputs, matched to ``ctx.graph``'s by name.
     """
     from korch.ir.to_onnx import to_onnx
 

@@ -363,6 +363,33 @@ def inst_narrow_before_transpose(rng, seed):
     return b.graph
 
 
+def inst_linear_attention_channel_major(rng, seed):
+    """EfficientViT's LiteMLA core in small: channel-major qkv [B, heads, 3d, HW]
+    transposed to token-major, ReLU on q and k, v padded with a ones column, o = q (k^T v),
+    o[:d] / (o[d:] + eps), transposed back (seed 1: one head, seed 2: a leaky slope
+    instead of ReLU)."""
+    b = GraphBuilder()
+    heads, d, hw = (2 if seed != 1 else 1), _dim(rng, 2, 5), _dim(rng, 5, 9)
+    x = b.input("x", (1, heads, 3 * d, hw), "float32")
+    swap = (0, 1, 3, 2)
+    t = b.transpose(x, swap)
+
+    def part(i):
+        return b.add(Op.SLICE, [t], starts=(0, 0, 0, i * d), steps=(1, 1, 1, 1), lengths=(1, heads, hw, d))
+
+    zero = b.const(np.array(0.0 if seed != 2 else 0.1, np.float32))
+    act = Op.MAX if seed != 2 else Op.MUL
+    q, k = b.add(act, [part(0), zero]), b.add(act, [part(1), zero])
+    v = b.add(Op.PAD, [part(2)], pads=((0, 0), (0, 0), (0, 0), (0, 1)), mode="constant", value=1.0)
+    o = b.add(Op.MATMUL, [q, b.add(Op.MATMUL, [b.transpose(k, swap), v])])
+    num = b.add(Op.SLICE, [o], starts=(0, 0, 0, 0), steps=(1, 1, 1, 1), lengths=(1, heads, hw, d))
+    den = b.add(Op.SLICE, [o], starts=(0, 0, 0, d), steps=(1, 1, 1, 1), lengths=(1, heads, hw, 1))
+    den = b.add(Op.ADD, [den, b.const(np.array(1e-2, np.float32))])
+    y = b.add(Op.DIV, [num, b.broadcast_to(den, (1, heads, hw, d))])
+    b.output("y", b.transpose(y, swap))
+    return b.graph
+
+
 INSTANCES = {name[len("inst_") :]: fn for name, fn in globals().items() if name.startswith("inst_")}
 
 
@@ -476,3 +503,17 @@ def test_narrow_before_transpose_structure():
     x = b.transpose(b.reshape(d, (1, 4, 12)), (0, 2, 1))
     b.output("y", b.add(Op.MATMUL, [x, b.const(_w(np.random.default_rng(1), 4, 16))]))
     assert apply_rule(b.graph, RULES_BY_NAME["narrow_before_transpose"]) is None
+
+
+def test_linear_attention_channel_major_structure():
+    """After the rule no transpose touches the [HW, 3d] input or the [HW, d] result: the
+    two left transpose v (d+1 x HW) and k^T v (d x d+1), the operands onnxruntime folds
+    into its MatMul."""
+    g = inst_linear_attention_channel_major(np.random.default_rng(0), 0)
+    x = g.nodes[g.inputs["x"]]
+    hw, three_d = x.shape[-1], x.shape[-2]
+    g2 = apply_rule(g, RULES_BY_NAME["linear_attention_channel_major"])
+    moved = [g2.nodes[n.inputs[0]].shape for n in g2.nodes if n.op is Op.TRANSPOSE]
+    assert len(moved) == 2
+    d = three_d // 3
+    assert sorted(s[-2:] for s in moved) == sorted([(d + 1, hw), (d, d + 1)])

@@ -5,6 +5,7 @@ SIMPLIFY rules always help; the driver applies them greedily to every graph.
 """
 
 from korch.rewrite.rules.affine import AFFINE_RULES
+from korch.rewrite.rules.channel_major import CHANNEL_MAJOR_RULES
 from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
 from korch.rewrite.rules.linear import LINEAR_RULES
 from korch.rewrite.rules.merge import MERGE_RULES
@@ -24,13 +25,14 @@ SEARCH = SINK_RULES + S2D_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
 SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 # applied after the search, greedily (korch.rewrite.for_library): layouts an onnxruntime
 # region runs faster that the byte/flop cost cannot see
-LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES
+LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES + CHANNEL_MAJOR_RULES
 ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
 assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
 
 __all__ = [
     "AFFINE_RULES",
+    "CHANNEL_MAJOR_RULES",
     "ALL_RULES",
     "CONST_FOLD_RULES",
     "LAYOUT_RULES",
