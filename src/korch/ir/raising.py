@@ -418,11 +418,11 @@ def _raise_depth_space(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[in
         if len(xs) != 4 or len(mid) != 6:
             continue
         n, c, h, w = xs
-        if perm == (0, 3, 5, 1, 2, 4) and mid[3] == mid[5] and mid == (n, c, h // mid[3], mid[3], w // mid[3], mid[3]):
+        if perm == (0, 3, 5, 1, 2, 4) and mid == (n, c, h // mid[3], mid[3], w // mid[3], mid[3]):
             bs = mid[3]
             if node.shape == (n, c * bs * bs, h // bs, w // bs):
                 found[r2] = ((x,), "SpaceToDepth", {"blocksize": bs})
-        elif perm == (0, 3, 4, 1, 5, 2) and mid[1] == mid[2] and mid == (n, mid[1], mid[1], c // mid[1] ** 2, h, w):
+        elif perm == (0, 3, 4, 1, 5, 2) and mid == (n, mid[1], mid[1], c // mid[1] ** 2, h, w):
             bs = mid[1]
             if node.shape == (n, c // (bs * bs), h * bs, w * bs):
                 found[r2] = ((x,), "DepthToSpace", {"blocksize": bs, "mode": "DCR"})

@@ -73,8 +73,8 @@ class Builder:
         ns: dict = dict(funcs)
         code = _CODE.get(src)
         if code is None:
-            # kernels of one model share many programs (segformer_b1: 3065 models, 3071
-            # compiles took 2.1 s of the 15 s of its tiling prediction)
+            # a model's kernels repeat programs: segformer_b1's first 600 workloads compiled
+            # 3071 programs in 2.1 s (of 15 s of tiling prediction), 2090 with this cache
             code = _CODE[src] = compile(src, "<korch.tiling model>", "exec")
             if len(_CODE) > _CODE_MAX:
                 _CODE.pop(next(iter(_CODE)))

@@ -12,6 +12,7 @@ import numpy as np
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.interp import eval_node
 from korch.ir.ops import GroupOp, Op
+from korch.ir.raising import _strip_ones
 from korch.rewrite.pattern import Lookup, Match, P, Rule, X
 
 # A folded constant may be no larger than its inputs together (or this many elements):
@@ -27,13 +28,7 @@ def _prepends_ones(g: Graph, node) -> bool:
     ONNX broadcasting do the rest, which is the form onnxruntime fuses into Gemm and
     LayerNormalization (segformer_b1: the fold left 0 of 26 LayerNormalizations and 0
     of 52 Gemms in the export of its rewritten graph)."""
-    if node.op is not Op.RESHAPE:
-        return False
-    shape = tuple(node.shape)
-    i = 0
-    while i < len(shape) and shape[i] == 1:
-        i += 1
-    return shape[i:] == tuple(g.nodes[node.inputs[0]].shape)
+    return node.op is Op.RESHAPE and _strip_ones(node.shape) == tuple(g.nodes[node.inputs[0]].shape)
 
 
 def _identity(b: GraphBuilder, m: Match, v: Lookup) -> int:

@@ -45,6 +45,7 @@ import numpy as np
 
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.ops import GroupOp, Op
+from korch.ir.raising import _strip_ones
 from korch.rewrite.pattern import Ctx, Lookup, Match, Rule, bcast_const, is_float, scalar_value
 
 # Kept when the new linear work is at most this share of the old.
@@ -128,7 +129,7 @@ class _Walk:
 
     def __init__(self, g: Graph, users: list[list[int]], root: int, w: np.ndarray):
         self.g, self.users, self.root = g, users, root
-        self.region = self._region(root, w)
+        self.region = self._region(root)
         self.memo: dict[tuple, tuple] = {}
         self.flops_old = 2.0 * g.nodes[root].size * w.shape[1]
         self.flops_new = 0.0
@@ -165,7 +166,7 @@ class _Walk:
             return [(i, "mm") for i in node.inputs if _const(g, i) is None]
         return []  # a MatMul by a constant is folded, not passed (``_region``): its input is a leaf
 
-    def _region(self, root: int, w: np.ndarray) -> set[int]:
+    def _region(self, root: int) -> set[int]:
         cand: set[int] = set()
         stack = [(self.g.nodes[root].inputs[0], "conv")]
         while stack:
@@ -292,7 +293,7 @@ def _leaves(e: tuple, acc: dict[int, None]) -> dict[int, None]:
     """The graph nodes an expression reads, in first-read order."""
     if e[0] in ("conv", "mm"):
         acc[e[1]] = None
-    elif e[0] in ("add",):
+    elif e[0] == "add":
         _leaves(e[1], acc)
         _leaves(e[2], acc)
     elif e[0] in ("mul", "gather", "view"):
@@ -318,7 +319,7 @@ def _emit(b: GraphBuilder, e: tuple, leaf: dict[int, int], attrs: dict, dtype: s
     if kind == "const":
         # without its leading ones: the [N] bias form the ONNX export passes to Gemm and
         # Conv fusions (Note [Raising])
-        val = e[1].reshape(e[1].shape[next((i for i, d in enumerate(e[1].shape) if d != 1), e[1].ndim) :])
+        val = e[1].reshape(_strip_ones(e[1].shape))
         out = b.broadcast_to(b.const(val), shape) if val.size > 1 else b.const(val.reshape(()))
     elif kind == "conv":
         out = b.add(Op.CONV, [leaf[e[1]], b.const(e[2].astype(dtype)[:, :, None, None])], **attrs)
