@@ -341,6 +341,32 @@ def test_bias_and_relu_reach_onnxruntime_unexpanded():
     assert "Expand" not in ops and "Relu" in ops
 
 
+@pytest.mark.parametrize("const_first", [True, False])
+def test_a_constant_operand_goes_second_so_onnxruntime_fuses_it_into_the_conv(const_first, tmp_path):
+    """Add(B, Conv(x)) is not fused by onnxruntime (Add(Conv(x), B) is), and the Add left
+    over breaks its NCHWc chain: the export puts a constant operand of ADD/MUL second."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 8, 8), "float32")
+    y = b.add(
+        Op.CONV, [x, b.const(randn(32, 16, 1, 1), name="w")], strides=(1, 1), dilations=(1, 1), pads=(0,) * 4, group=1
+    )
+    bias = b.reshape(b.const(randn(32), name="bias"), (32, 1, 1))
+    y = b.binary(Op.ADD, bias, y) if const_first else b.binary(Op.ADD, y, bias)
+    scale = b.const(randn(1, 32, 1, 1), name="scale")
+    y = b.binary(Op.MUL, scale, y) if const_first else b.binary(Op.MUL, y, scale)
+    b.output("y", b.add(Op.MAX, [y, b.scalar(0.0, y)]))
+    model = check(b.graph, {"x": randn(1, 16, 8, 8)}, rtol=1e-4, atol=1e-5)
+    (conv,) = [n for n in model.graph.node if n.op_type == "Conv"]
+    (add,) = [n for n in model.graph.node if n.op_type == "Add"]
+    assert add.input[0] == conv.output[0]
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    assert "Add" not in ops and "Mul" not in ops, ops
+
+
 def test_nearest_upsample_gathers_become_resize():
     """fission's nearest Resize (a GATHER per axis) goes back to onnxruntime as Resize,
     which it runs in its blocked layout (two chained, on different axes: one Resize); a

@@ -232,6 +232,18 @@ class _Exporter:
             self.set_name(nid, name)
         return name
 
+    def is_const(self, nid: int) -> bool:
+        """Whether node ``nid`` is a constant for onnxruntime: an initializer (a constant
+        or a constant input) or a layout op of constants (it folds those)."""
+        node = self.g.nodes[nid]
+        if node.op is Op.CONST:
+            return True
+        if node.op is Op.INPUT:
+            return self.names.get(nid) in self.const_inputs
+        if node.op in GroupOp.LAYOUT or node.op is Op.BROADCAST:
+            return all(self.is_const(i) for i in self.eff.get(nid, node.inputs))
+        return False
+
     def node_dtype(self, nid: int) -> str:
         return self.g.nodes[nid].dtype
 
@@ -305,6 +317,11 @@ class _Exporter:
                 x = ins[0] if ins[1] == zero[0] else ins[1]
                 self.finish(self.op("Relu", [self.operand(x, cd)]), cd, node.dtype, out)
                 return
+            if op in (Op.ADD, Op.MUL) and len(ins) == 2 and self.is_const(ins[0]) and not self.is_const(ins[1]):
+                # onnxruntime fuses a bias or scale into the Conv before it only when the
+                # Conv's output is the first operand (Add(B, Conv(x)) stays an Add that also
+                # breaks the NCHWc chain: three in segformer_b1's rewritten decode head)
+                ins = (ins[1], ins[0])
             y = self.op(op_type, [self.operand(i, cd) for i in ins])
             ydt = "bool" if op in GroupOp.COMPARE or op_type in ("Not", "And", "Or") else cd
             self.finish(y, ydt, node.dtype, out)
