@@ -367,6 +367,34 @@ def test_a_constant_operand_goes_second_so_onnxruntime_fuses_it_into_the_conv(co
     assert "Add" not in ops and "Mul" not in ops, ops
 
 
+def test_a_constant_added_after_a_conv_sum_is_added_to_the_conv(tmp_path):
+    """(rest + (Conv(x) + B1)) + B2, then Relu, goes out as ((conv + B1) + B2) + rest:
+    onnxruntime folds both biases into its NCHWc Conv, accumulates into rest and fuses
+    the Relu; as written, the last Add and the Relu ran unblocked between two reorders."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 16, 8, 8), "float32")
+    x2 = b.input("x2", (1, 16, 8, 8), "float32")
+    rest = b.add(  # blocked too: a Conv's output
+        Op.CONV, [x2, b.const(randn(32, 16, 3, 3), name="w2")], strides=(1, 1), dilations=(1, 1), pads=(1,) * 4, group=1
+    )
+    y = b.add(
+        Op.CONV, [x, b.const(randn(32, 16, 1, 1), name="w")], strides=(1, 1), dilations=(1, 1), pads=(0,) * 4, group=1
+    )
+    y = b.binary(Op.ADD, b.reshape(b.const(randn(32), name="b1"), (32, 1, 1)), y)
+    y = b.binary(Op.ADD, rest, y)
+    y = b.binary(Op.ADD, y, b.const(randn(1, 32, 1, 1), name="b2"))
+    b.output("y", b.add(Op.MAX, [y, b.scalar(0.0, y)]))
+    model = check(b.graph, {"x": randn(1, 16, 8, 8), "x2": randn(1, 16, 8, 8)}, rtol=1e-4, atol=1e-5)
+    (b2,) = [n for n in model.graph.node if n.op_type == "Add" and "b2" in n.input]
+    assert [n.op_type for n in model.graph.node if b2.output[0] in n.input] == ["Add"]  # then the Sum
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    assert "Add" not in ops and "Relu" not in ops, ops
+
+
 def test_nearest_upsample_gathers_become_resize():
     """fission's nearest Resize (a GATHER per axis) goes back to onnxruntime as Resize,
     which it runs in its blocked layout (two chained, on different axes: one Resize); a

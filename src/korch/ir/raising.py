@@ -572,3 +572,60 @@ def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
     while i < len(shape) and shape[i] == 1:
         i += 1
     return tuple(shape[i:])
+
+
+def _reassociate_conv_biases(
+    graph: Graph, eff: dict[int, tuple[int, ...]], const_inputs: dict, raised: dict
+) -> dict[int, tuple[int, ...]]:
+    """New inputs for ``(conv + rest) + B`` with a constant B: ``(conv + B) + rest``
+    (``conv`` may already carry its own constant bias).
+
+    onnxruntime fuses a constant Add into the Conv before it, and then ``+ rest`` (a Sum
+    its NCHWc Conv accumulates into) and a following Relu, but not a constant added
+    after the Sum: that Add and the Relu ran outside the blocked layout with a reorder
+    on each side (segformer_b1's rewritten decode head, at 256x128x128). Only when the
+    inner Add is private to the outer one and the Conv's output has the full shape;
+    the sum is reassociated in float (within rounding).
+    """
+    ins, users = _effective(graph, eff)
+    nodes = graph.nodes
+    outs = set(graph.outputs.values())
+
+    def const(nid: int) -> bool:
+        node = nodes[nid]
+        if node.op is Op.CONST:
+            return True
+        if node.op is Op.INPUT:
+            return any(graph.inputs.get(name) == nid for name in const_inputs)
+        if node.op in GroupOp.LAYOUT or node.op is Op.BROADCAST:
+            return all(const(i) for i in ins(nid))
+        return False
+
+    def conv_biased(nid: int) -> bool:
+        """A CONV, or a private constant ADD of one (a Conv with its bias)."""
+        if nodes[nid].op is Op.CONV:
+            return True
+        if nodes[nid].op is not Op.ADD or nid in raised or len(ins(nid)) != 2:
+            return False
+        x, b = ins(nid)
+        x, b = (x, b) if const(b) else (b, x)
+        return const(b) and not const(x) and users[x] == [nid] and conv_biased(x)
+
+    found: dict[int, tuple[int, ...]] = {}
+    for outer, node in enumerate(nodes):
+        if node.op is not Op.ADD or outer in raised or np.dtype(node.dtype).kind != "f" or len(ins(outer)) != 2:
+            continue
+        a, b = ins(outer)
+        inner, c = (a, b) if const(b) else (b, a)
+        if not const(c) or const(inner) or nodes[inner].op is not Op.ADD or inner in raised or inner in found:
+            continue
+        if users[inner] != [outer] or inner in outs or len(ins(inner)) != 2:
+            continue
+        p, q = ins(inner)
+        if not conv_biased(p):
+            p, q = q, p
+        if not conv_biased(p) or nodes[p].shape != node.shape or users[p] != [inner] or const(q):
+            continue
+        found[inner] = (p, c)
+        found[outer] = (inner, q)
+    return found

@@ -15,6 +15,7 @@ compute ``float32 * float64-0d`` in float64, which differs by at most a rounding
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,7 @@ from korch.ir.raising import (
     _raise_max_pools,
     _raise_nearest_upsamples,
     _raise_softmax,
+    _reassociate_conv_biases,
     _upsample_factor,
 )
 from korch.ir.to_onnx_opaque import _emit_opaque
@@ -511,6 +513,31 @@ def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
     return live
 
 
+def _emit_order(graph: Graph, eff: dict[int, tuple[int, ...]], live: list[bool]) -> list[int]:
+    """The live nodes in id order, except that a node comes after the inputs ``eff``
+    gives it (a reassociated Add may take a constant with a larger id)."""
+    ins = {nid: [i for i in eff.get(nid, graph.nodes[nid].inputs)] for nid in range(len(graph.nodes)) if live[nid]}
+    waiting = {nid: sum(1 for i in srcs if i > nid) for nid, srcs in ins.items()}
+    if not any(waiting.values()):
+        return sorted(ins)
+    pending = {nid: len(srcs) for nid, srcs in ins.items()}
+    users: dict[int, list[int]] = {}
+    for nid, srcs in ins.items():
+        for i in srcs:
+            users.setdefault(i, []).append(nid)
+    ready = [nid for nid, n in pending.items() if n == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        nid = heapq.heappop(ready)
+        order.append(nid)
+        for u in users.get(nid, ()):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    return order
+
+
 def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, opset: int = 20):
     """An ``onnx.ModelProto`` computing ``korch.ir.evaluate(graph, ...)``.
 
@@ -533,6 +560,7 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
         raised.update(_raise_nearest_upsamples(graph, eff))
     raised.update(_raise_layer_norms(graph, eff, layer_norm=_model_opset_at_least(graph, opset, 17)))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
+    eff.update(_reassociate_conv_biases(graph, eff, const_inputs, raised))
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
     domains: dict[str, int] = {}
@@ -567,8 +595,9 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
             ex.inputs.append(helper.make_tensor_value_info(name, _tt(node.dtype), list(node.shape)))
 
     opaque_groups: dict[tuple, list[str]] = {}
-    for nid, node in enumerate(graph.nodes):
-        if not live[nid] or node.op is Op.INPUT:
+    for nid in _emit_order(graph, eff, live):
+        node = graph.nodes[nid]
+        if node.op is Op.INPUT:
             continue
         if node.op is Op.CONST:
             if not node.is_scalar_const:  # rank-0 ones are emitted where used (Exporter.tensor)
