@@ -624,3 +624,77 @@ def test_space_to_depth_convolution_goes_back_as_the_operators():
     ops = [n.op_type for n in model.graph.node]
     assert "SpaceToDepth" in ops and "DepthToSpace" in ops and "Transpose" not in ops
     np.testing.assert_allclose(_run(model, feeds)["y"], evaluate(b.graph, feeds)["y"], rtol=1e-4, atol=1e-4)
+
+
+def _attention_model(form: str, b=2, s=5, n=2, h=4, mask=False, shared_q=False):
+    """Self-attention as torch exports it: Hugging Face BERT's three projections
+    (``form="bert"``) or timm's fused qkv (``form="timm"``), scale on the scores or on
+    q and k^T."""
+    from onnx import numpy_helper
+
+    d = n * h
+    inits, nodes = [], []
+
+    def init(name, arr):
+        inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def node(op, ins, **attrs):
+        out = f"t{len(nodes)}"
+        nodes.append(helper.make_node(op, ins, [out], **attrs))
+        return out
+
+    inputs = [("x", [b, s, d])]
+    if form == "bert":
+        heads = {}
+        for name in "qkv":
+            p = node("Add", [init(f"b{name}", randn(d)), node("MatMul", ["x", init(f"w{name}", randn(d, d) / 3)])])
+            r = node("Reshape", [p, init(f"shape_{name}", np.array([b, s, n, h], np.int64))])
+            heads[name] = node("Transpose", [r], perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3])
+        scores = node("Mul", [node("MatMul", [heads["q"], heads["k"]]), init("scale", np.array(h**-0.5, np.float32))])
+        v = heads["v"]
+    else:
+        qkv = node("Add", [init("bqkv", randn(3 * d)), node("MatMul", ["x", init("wqkv", randn(d, 3 * d) / 3)])])
+        r = node("Reshape", [qkv, init("shape5", np.array([b, s, 3, n, h], np.int64))])
+        t = node("Transpose", [r], perm=[2, 0, 3, 1, 4])
+        parts = [f"p{i}" for i in range(3)]
+        nodes.append(helper.make_node("Split", [t, init("splits", np.array([1, 1, 1], np.int64))], parts, axis=0))
+        q, k, v = (node("Squeeze", [p, init(f"ax{i}", np.array([0], np.int64))]) for i, p in enumerate(parts))
+        root = init("sqrt_scale", np.array(h**-0.25, np.float32))
+        scores = node(
+            "MatMul", [node("Mul", [q, root]), node("Mul", [node("Transpose", [k], perm=[0, 1, 3, 2]), root])]
+        )
+    if mask:
+        inputs.append(("m", [1, 1, s, s]))
+        scores = node("Add", [scores, "m"])
+    o = node("MatMul", [node("Softmax", [scores], axis=-1), v])
+    y = node("Reshape", [node("Transpose", [o], perm=[0, 2, 1, 3]), init("shape3", np.array([b, s, d], np.int64))])
+    if shared_q:  # an inner tensor with a user outside the pattern: not raised
+        qt = node("Transpose", [heads["q"]], perm=[0, 2, 1, 3])
+        y = node("Add", [y, node("Reshape", [qt, "shape3"])])
+    nodes[-1].output[0] = "y"
+    return _fission_of(nodes, inputs, [b, s, d], inits=inits)
+
+
+@pytest.mark.parametrize("form,mask", [("bert", True), ("bert", False), ("timm", False)])
+def test_self_attention_goes_back_as_one_attention_operator(form, mask):
+    """Note [Raising attention]: the projections, head split, both MatMuls, the scale,
+    the additive mask and the Softmax become one com.microsoft Attention."""
+    orig, graph = _attention_model(form, mask=mask)
+    feeds = {"x": randn(2, 5, 8)}
+    if mask:
+        feeds["m"] = np.where(rng.random((1, 1, 5, 5)) < 0.3, -1e4, 0.0).astype(np.float32)
+    model = check(graph, feeds, rtol=1e-4, atol=1e-5)
+    assert [n.op_type for n in model.graph.node] == ["Attention"]
+    (att,) = model.graph.node
+    assert att.domain == "com.microsoft" and {a.name: a.i for a in att.attribute if a.name == "num_heads"} == {
+        "num_heads": 2
+    }
+    assert [i.name for i in model.graph.initializer if i.name.startswith("in")] == []  # no dead weights
+    np.testing.assert_allclose(_run(model, feeds)["y"], _run(orig, feeds)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_attention_with_an_inner_tensor_used_elsewhere_stays():
+    _, graph = _attention_model("bert", shared_q=True)
+    model = check(graph, {"x": randn(2, 5, 8)}, rtol=1e-4, atol=1e-5)
+    assert "Attention" not in [n.op_type for n in model.graph.node]

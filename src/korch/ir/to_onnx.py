@@ -25,6 +25,7 @@ from korch.ir.ops import GroupOp, Op
 from korch.ir.raising import (
     _bypass_broadcasts,
     _model_opset_at_least,
+    _raise_attention,
     _raise_depth_space,
     _raise_global_average_pools,
     _raise_hard_activations,
@@ -294,6 +295,11 @@ class _Exporter:
                     for i, x in zip(ins[1:], xs[1:])
                 ]
                 self.op("InstanceNormalization", [xs[0], *flat], out, **raised[1])
+            elif raised[0] == "Attention":  # Note [Raising attention]
+                attrs = {k: v for k, v in raised[1].items() if k not in ("weights", "bias")}
+                w, b = self.init(raised[1]["weights"], "qkv_w"), self.init(raised[1]["bias"], "qkv_b")
+                mask = [""] * 2 + xs[1:]  # mask_index and past absent; the additive mask is attention_bias
+                self.op("Attention", [xs[0], w, b, *mask], out, domain="com.microsoft", **attrs)
             elif raised[0] == "HardSwish" and self.opset < 14:
                 self.op("Mul", [xs[0], self.op("HardSigmoid", xs, alpha=1.0 / 6.0, beta=0.5)], out)
             else:
@@ -560,6 +566,9 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
         raised.update(_raise_nearest_upsamples(graph, eff))
     raised.update(_raise_layer_norms(graph, eff, layer_norm=_model_opset_at_least(graph, opset, 17)))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
+    attention = _raise_attention(graph, eff, const_inputs, raised)  # over the raised Softmaxes
+    raised.update(attention)
+    eff.update({nid: srcs for nid, (srcs, _, _) in attention.items()})
     eff.update(_reassociate_conv_biases(graph, eff, const_inputs, raised))
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
@@ -569,6 +578,8 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
             for dom, ver in node.attr("opset"):
                 dom = "" if dom == "ai.onnx" else dom
                 domains[dom] = max(domains.get(dom, 0), int(ver))
+    if attention:
+        domains["com.microsoft"] = max(domains.get("com.microsoft", 0), 1)
     default_opset = domains.pop("", opset)
     ex = _Exporter(graph, const_inputs, default_opset)
     ex.eff = eff
@@ -589,6 +600,8 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
         node = graph.nodes[nid]
         ex.set_name(nid, name)
         if name in const_inputs:
+            if not live[nid]:  # e.g. weights a raised Attention took concatenated
+                continue
             val = np.asarray(const_inputs[name], dtype=node.dtype).reshape(node.shape)
             ex.inits.append(ex.numpy_helper.from_array(_contig(val), name))
         else:
