@@ -31,6 +31,7 @@ solvers) and with numpy for whole grids (the exhaustive solver).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import math
@@ -41,7 +42,7 @@ import numpy as np
 import sympy as sp
 
 from korch.tiling.describe import KernelDesc, TensorDesc
-from korch.tiling.fastexpr import FastAlgebra
+from korch.tiling.fastexpr import FastAlgebra, is_num
 from korch.tiling.target import Target, TransferPipe
 
 # sympy's own Max/Min/Piecewise/ceiling simplify on construction (comparisons, set
@@ -175,23 +176,75 @@ def _dim_extent(A, entry, t, dim: int):
     return A.min(e, dim) if len(entry) > 1 else e
 
 
+# Note [Dynamic shapes]
+# ~~~~~~~~~~~~~~~~~~~~~
+# GE compiles a kernel with symbolic dimensions and a tiling function that solves for
+# the concrete shape at launch. Here a TemplateModel built with ``dynamic=i`` has axis
+# i's extent as one more symbol, n, ahead of the tile variables: built (and compiled)
+# once; ``bind(n)`` gives the model at one shape (n bound, axis i's tile candidates
+# and description at n) for the same solvers. ``korch.tiling.dynamic.TilingFunction``
+# is the call-time side. The dynamic axis must be whole tensor dimensions (a batch or
+# sequence axis): one a reshape splits or a window scales is refused.
+
+
+def _dynamic_dims(desc: KernelDesc, axis: int) -> dict[int, tuple[int, ...]]:
+    """Per tensor, the dims that are axis ``axis`` whole (Note [Dynamic shapes])."""
+    if desc.fallback or desc.axes[axis].fixed:
+        raise ValueError(f"axis {axis} of a {desc.kind} kernel cannot be dynamic (fallback or fixed axis)")
+    whole = ((axis, Fraction(1), Fraction(0)),)
+    out: dict[int, tuple[int, ...]] = {}
+    for td in desc.tensors:
+        dims = []
+        for j, entry in enumerate(td.dims):
+            if entry == whole:
+                dims.append(j)
+            elif entry and any(term[0] == axis for term in entry):
+                raise ValueError(f"axis {axis} is not whole in dim {j} of {td.name}: it cannot be dynamic")
+        out[td.node] = tuple(dims)
+    return out
+
+
+def with_extent(desc: KernelDesc, axis: int, n: int) -> KernelDesc:
+    """``desc`` with axis ``axis`` (and the tensor dims that are it) of extent ``n``."""
+    dims = _dynamic_dims(desc, axis)
+    axes = tuple(dataclasses.replace(a, extent=n) if i == axis else a for i, a in enumerate(desc.axes))
+    tensors = tuple(
+        dataclasses.replace(td, shape=tuple(n if j in dims[td.node] else d for j, d in enumerate(td.shape)))
+        for td in desc.tensors
+    )
+    return dataclasses.replace(desc, axes=axes, tensors=tensors)
+
+
 class TemplateModel:
     """The symbolic model of ``desc`` under one template on ``target`` (Note [Tiling model])."""
 
-    def __init__(self, desc: KernelDesc, target: Target, template: str, algebra: str = "sympy"):
+    def __init__(
+        self, desc: KernelDesc, target: Target, template: str, algebra: str = "sympy", dynamic: int | None = None
+    ):
         if template not in desc.templates:
             raise ValueError(f"template {template!r} does not apply to a {desc.kind} kernel")
         A = SympyAlgebra() if algebra == "sympy" else FastAlgebra()
         self.algebra = A.name
         self.desc, self.target, self.template = desc, target, template
         axes = desc.axes
+        # Note [Dynamic shapes]: axis ``dynamic``'s extent is the symbol n, bound per call
+        self.dynamic = dynamic
+        n_sym = A.sym("n") if dynamic is not None else None
+        dyn_dims = _dynamic_dims(desc, dynamic) if dynamic is not None else {}
+
+        def extent(i: int):
+            return n_sym if i == dynamic else A.integer(axes[i].extent)
+
+        def dim_of(td: TensorDesc, j: int, d: int):
+            return n_sym if j in dyn_dims.get(td.node, ()) else d
+
         itemsize = min((t.itemsize for t in desc.tensors), default=4)
         align_elems = max(1, target.vector_bytes // max(itemsize, 1))
         vars_: list[Var] = []
         t: dict[int, sp.Expr] = {}
         for i, a in enumerate(axes):
             if a.fixed or (template == "one-pass" and a.reduce):
-                t[i] = A.integer(a.extent)
+                t[i] = extent(i)
                 continue
             name = f"t{i}"
             t[i] = A.sym(name)
@@ -209,8 +262,9 @@ class TemplateModel:
         self.vars = tuple(vars_)
         self.symbols = tuple(A.sym(v.name) for v in vars_)
         self.t = t
+        self._bound: tuple = ()  # (n,) once a dynamic model is bound (``bind``)
 
-        n_tiles = {i: A.ceil(A.integer(a.extent) / t[i]) for i, a in enumerate(axes)}
+        n_tiles = {i: A.ceil(extent(i) / t[i]) for i in range(len(axes))}
         n_par = A.mul([n_tiles[i] for i, a in enumerate(axes) if not a.reduce])
         n_red = A.mul([n_tiles[i] for i, a in enumerate(axes) if a.reduce])
         per_core_par = A.ceil(n_par / c)
@@ -232,8 +286,8 @@ class TemplateModel:
 
         for td in desc.tensors:
             e = A.integer(1)
-            for entry, dim in zip(td.dims, dim_shape(td)):
-                e = e * _dim_extent(A, entry, t, dim)
+            for j, (entry, dim) in enumerate(zip(td.dims, dim_shape(td))):
+                e = e * _dim_extent(A, entry, t, dim_of(td, j, dim))
             if td.scale != 1.0:
                 e = A.ceil(e * A.number(td.scale))
             self.elems[td.node] = e
@@ -264,16 +318,16 @@ class TemplateModel:
         gm_align = target.levels[0].alignment if target.levels and target.levels[0].role == "gm" else 1
 
         def transfer_bytes(td: TensorDesc) -> sp.Expr:
-            shape = dim_shape(td)
+            shape = [dim_of(td, j, d) for j, d in enumerate(dim_shape(td))]
             ext = [_dim_extent(A, e, t, d) for e, d in zip(td.dims, shape)]
-            nz = [i for i, d in enumerate(shape) if d > 1]
+            nz = [i for i, d in enumerate(shape) if not is_num(d) or d > 1]  # n: any size
             total = self.elems[td.node] * td.itemsize
             if not nz:
                 return A.ceil(total / gm_align) * gm_align
             # a contiguous run grows past a dim only while the tile covers the dims
             # after it whole (two levels are enough for the kernels we see)
             run = cover = ext[nz[-1]]
-            full = A.integer(shape[nz[-1]])
+            full = shape[nz[-1]]
             for j in list(reversed(nz[:-1]))[:2]:
                 run = A.eq(cover, full, cover * ext[j], run)
                 cover, full = cover * ext[j], full * shape[j]
@@ -352,15 +406,40 @@ class TemplateModel:
         # [time, cores, parallel tiles, reduce tiles, *buffers, *constraints]
         self._outputs = [self.time, cores, n_par, n_red, *[b for _, b, _ in self.buffers], *cons]
         self._alg = A
+        if n_sym is not None:
+            self.symbols = (n_sym, *self.symbols)
         self._f = A.compile(self.symbols, self._outputs, MATH_FUNCS)
         self._np = None
         self.evaluations = 0
+
+    def bind(self, n: int) -> TemplateModel:
+        """This dynamic model at extent ``n`` (Note [Dynamic shapes]): the compiled
+        function is shared; variables, description and evaluation count are its own."""
+        if self.dynamic is None:
+            raise ValueError("bind() needs a model built with dynamic=axis")
+        if n < 1:
+            raise ValueError(f"extent {n} < 1")
+        bound = copy.copy(self)
+        bound._bound = (n,)
+        bound.desc = with_extent(self.desc, self.dynamic, n)
+        itemsize = min((t.itemsize for t in self.desc.tensors), default=4)
+        align = max(1, self.target.vector_bytes // max(itemsize, 1))
+        bound.vars = tuple(
+            dataclasses.replace(
+                v, hi=n, candidates=tile_candidates(n, align if self.desc.axes[v.axis].innermost else 1)
+            )
+            if v.axis == self.dynamic
+            else v
+            for v in self.vars
+        )
+        bound.evaluations = 0
+        return bound
 
     # --- evaluation -----------------------------------------------------------------------
     def probe(self, x: Sequence[int]) -> tuple[float, bool]:
         """(predicted time in us, feasible) at one point."""
         self.evaluations += 1
-        out = self._f(*x)
+        out = self._f(*self._bound, *x)
         nb = len(self.buffers)
         return float(out[0]), all(g <= 0 for g in out[4 + nb :])
 
@@ -371,21 +450,22 @@ class TemplateModel:
         return self.probe(x)[1]
 
     def buffer_bytes(self, x: Sequence[int]) -> tuple[int, ...]:
-        out = self._f(*x)
+        out = self._f(*self._bound, *x)
         return tuple(int(b) for b in out[4 : 4 + len(self.buffers)])
 
     def tile_counts(self, x: Sequence[int]) -> tuple[int, int]:
         """(parallel tiles, reduce tiles) at ``x``: what the core split shares out."""
-        out = self._f(*x)
+        out = self._f(*self._bound, *x)
         return int(out[2]), int(out[3])
 
     def cores(self, x: Sequence[int]) -> int:
-        return int(self._f(*x)[1])
+        return int(self._f(*self._bound, *x)[1])
 
     def tiles(self, x: Sequence[int]) -> tuple[int, ...]:
         """The tile size per axis (fixed axes at their extent)."""
         val = dict(zip((v.name for v in self.vars), x))
-        return tuple(int(val[f"t{i}"]) if f"t{i}" in val else int(self.t[i]) for i in range(len(self.desc.axes)))
+        fixed = lambda i: self.desc.axes[i].extent if i == self.dynamic else int(self.t[i])  # noqa: E731
+        return tuple(int(val[f"t{i}"]) if f"t{i}" in val else fixed(i) for i in range(len(self.desc.axes)))
 
     def evaluate_grid(self, cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Time and feasibility at many points at once (columns of variable values)."""
@@ -394,7 +474,7 @@ class TemplateModel:
             self._np = self._alg.compile(self.symbols, exprs, NUMPY_FUNCS)
         cols = [np.asarray(c, dtype=np.float64) for c in cols]
         n = len(cols[0]) if cols else 1
-        out = self._np(*cols)
+        out = self._np(*self._bound, *cols)
         self.evaluations += n
         time = np.broadcast_to(np.asarray(out[0], dtype=np.float64), (n,))
         ok = np.ones(n, dtype=bool)
