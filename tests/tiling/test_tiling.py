@@ -309,3 +309,22 @@ def test_fit_generated_bandwidth_from_slopes():
     flat = {c: (sizes, [5000.0 + s / 30.0 for s in sizes]) for c in (1, 2)}
     fa, fb = fit_generated_bandwidth(flat)
     assert fa < 1e-2 and fa + fb == pytest.approx(30.0, rel=1e-3) and fa * 2 + fb == pytest.approx(30.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_one_core_solve_on_the_targets_models_equals_a_one_core_target(target):
+    """TemplateModel.one_core: the prediction pass solves each kernel for one core too
+    (a kernel of several loop nests, Note [Loop nests of a generated kernel]) without
+    building its models again; the answer is the one-core target's."""
+    tgt = get_target(target)
+    for name, build in E.suite(small=True):
+        desc = describe(build())
+        for solver in SOLVERS:
+            want = solve(desc, tgt.replace(cores=1), solver)
+            got = solve(desc, tgt, solver, one_core=True)
+            assert (want is None) == (got is None), (name, solver)
+            if want is not None:
+                assert dataclasses.replace(got, evaluations=0) == dataclasses.replace(want, evaluations=0), (
+                    name,
+                    solver,
+                )

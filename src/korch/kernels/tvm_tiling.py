@@ -541,7 +541,7 @@ def model_tile_config(
         # every parallel nest beyond the first pays a fork-join the model did not see
         # (Note [Loop nests of a generated kernel]): keep the split only if it still wins
         par = dataclasses.replace(sol, time_us=sol.time_us + (nests - 1) * tgt.fork_join * tgt.unit_us)
-        one = solve(desc, tgt.replace(cores=1), solver)
+        one = solve(desc, tgt, solver, one_core=True)
         if one is not None and one.time_us <= par.time_us:
             return tile_config_from_solution(g, one, num_threads, vector_bytes, desc), one
         return cfg, par

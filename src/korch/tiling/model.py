@@ -435,6 +435,17 @@ class TemplateModel:
         bound.evaluations = 0
         return bound
 
+    def one_core(self) -> TemplateModel:
+        """This model on a target of one core: the same compiled function (the
+        expressions see cores only through the core variables, and c = k = 1 meets the
+        split-reduce core constraint of any target), the core variables held at 1; the
+        same numbers as a model built for ``target.replace(cores=1)``, without a build."""
+        one = copy.copy(self)
+        one.target = self.target.replace(cores=1)
+        one.vars = tuple(dataclasses.replace(v, hi=1, candidates=(1,)) if v.kind == "core" else v for v in self.vars)
+        one.evaluations = 0
+        return one
+
     # --- evaluation -----------------------------------------------------------------------
     def probe(self, x: Sequence[int]) -> tuple[float, bool]:
         """(predicted time in us, feasible) at one point."""

@@ -328,12 +328,18 @@ def _fewer_cores(model: TemplateModel, val: dict[str, int]) -> dict[str, int]:
 
 
 def solve(
-    kernel: KernelDesc | Graph, target: Target | str, solver: str = "axis-ge", templates: Sequence[str] | None = None
+    kernel: KernelDesc | Graph,
+    target: Target | str,
+    solver: str = "axis-ge",
+    templates: Sequence[str] | None = None,
+    one_core: bool = False,
 ) -> TilingSolution | None:
     """The best tiling over the kernel's templates (template selection), or None.
 
     Precondition: ``kernel`` is a memory-bound kernel graph or its description. None
     means no template has a tiling whose buffers fit the target's local levels.
+    ``one_core``: as on ``target.replace(cores=1)``, on the target's own models
+    (``TemplateModel.one_core``: no second build).
     """
     desc = kernel if isinstance(kernel, KernelDesc) else describe(kernel)
     tgt = get_target(target) if isinstance(target, str) else target
@@ -341,6 +347,8 @@ def solve(
     for model in models_for(desc, tgt):
         if templates is not None and model.template not in templates:
             continue
+        if one_core:
+            model = model.one_core()
         before = model.evaluations
         val = solve_template(model, solver)
         if val is None:
