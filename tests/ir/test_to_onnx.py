@@ -39,6 +39,15 @@ def check(graph: Graph, feeds: dict[str, np.ndarray], rtol=1e-5, atol=1e-6, opse
     return model
 
 
+def _optimized_ops(model: onnx.ModelProto, tmp_path) -> list[str]:
+    """The operators of the graph onnxruntime runs after its own fusions."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+
+
 rng = np.random.default_rng(0)
 
 
@@ -359,11 +368,7 @@ def test_a_constant_operand_goes_second_so_onnxruntime_fuses_it_into_the_conv(co
     (conv,) = [n for n in model.graph.node if n.op_type == "Conv"]
     (add,) = [n for n in model.graph.node if n.op_type == "Add"]
     assert add.input[0] == conv.output[0]
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    ops = _optimized_ops(model, tmp_path)
     assert "Add" not in ops and "Mul" not in ops, ops
 
 
@@ -387,11 +392,7 @@ def test_a_constant_added_after_a_conv_sum_is_added_to_the_conv(tmp_path):
     model = check(b.graph, {"x": randn(1, 16, 8, 8), "x2": randn(1, 16, 8, 8)}, rtol=1e-4, atol=1e-5)
     (b2,) = [n for n in model.graph.node if n.op_type == "Add" and "b2" in n.input]
     assert [n.op_type for n in model.graph.node if b2.output[0] in n.input] == ["Add"]  # then the Sum
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    ops = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    ops = _optimized_ops(model, tmp_path)
     assert "Add" not in ops and "Relu" not in ops, ops
 
 
