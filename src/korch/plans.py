@@ -10,7 +10,6 @@ import functools
 import logging
 import math
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -202,11 +201,6 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
 # coarser; the in-place re-solves, which time the BLP's plan kernel by kernel next to
 # a second plan, are skipped. Report: ``plan_check.lean``.
 LEAN_SHARE = 0.15
-# A lean check times each plan after the first for one call first (after one call that
-# allocates); over this many times the fastest plan's median it is out, with that call
-# as its time (report: ``plan_check.screened``). segformer_b16's plans took 1.1-2.1 s a
-# call and 209 s of its 721 s optimize to check, the losers 1.3-1.9x the winner.
-LEAN_SCREEN = 1.3
 
 
 def _rss_share() -> float:
@@ -235,24 +229,13 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
     ms: dict[str, float] = {}
     rebuild: dict[str, Callable[[], tuple[list, Any]]] = {}
 
-    screened: list[str] = []
-
     def timed(name: str, exe, again: Callable[[], tuple[list, Any]]) -> None:
         exe.set_threads(max(1, int(s.num_threads)))
-        rebuild[name] = again
-        ctx.executable = None
-        if ms:  # screening: one call after the first, against the fastest so far
-            exe(feeds)
-            t0 = time.perf_counter()
-            exe(feeds)
-            one = (time.perf_counter() - t0) * 1e3
-            if one > LEAN_SCREEN * min(ms.values()):
-                ms[name] = one
-                screened.append(name)
-                return
         ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10, max_seconds=10.0, min_rounds=3)[name][
             "median_ms"
         ]
+        rebuild[name] = again
+        ctx.executable = None
 
     def build_chosen(chosen: list) -> tuple[list, Any]:
         ctx.chosen = chosen
@@ -290,9 +273,7 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
         gc.collect()
     best = min(ms, key=ms.get)
     ctx.chosen, ctx.executable = rebuild[best]()  # (the one-region builders set their spin)
-    ctx.report.update(
-        plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True, "screened": screened}
-    )
+    ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True})
 
 
 def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, float]:
