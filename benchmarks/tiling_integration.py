@@ -250,6 +250,11 @@ def _time_exes(dirs: list[Path], rounds: int) -> tuple[list[float], float]:
     return [t[str(i)]["median_ms"] for i in range(len(dirs))], t["0"]["rel"] / t["1"]["rel"]
 
 
+def _plan_key(plan: dict) -> tuple:
+    """What makes two saved plans the same executable: kernels, backends, threads."""
+    return (tuple((st["workload"], st["backend"]) for st in plan["steps"]), plan.get("threads"))
+
+
 def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
     """(time in a, time in b) of every generated kernel measured ok in both databases."""
     import sqlite3
@@ -332,6 +337,10 @@ def cmd_guided(args) -> dict:
             res["retest_spearman"] = round(_spearman([a for a, _ in twice], [b for _, b in twice]), 3)
             res["retest_n"] = len(twice)
             retest += twice
+        # the same kernels on the same backends (and threads): one plan, whatever the
+        # end-to-end timing of two copies of it says (Note [Engines in their own processes])
+        plans = [json.loads((tmp / f"{name}-{m}" / "plan.json").read_text()) for m in ("guided", "exhaustive")]
+        res["same_plan"] = len({json.dumps(_plan_key(p)) for p in plans}) == 1
         lat, rel = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
         res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
         res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)

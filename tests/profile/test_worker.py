@@ -142,3 +142,18 @@ def test_slow_kernels_stop_sampling_early_fast_ones_take_every_repeat():
 
     assert len(time_kernel(slow, [], warmup=1, repeat=15, min_sample_ms=0.1)) == MIN_SAMPLES
     assert len(time_kernel(lambda args: None, [], warmup=1, repeat=15, min_sample_ms=0.1)) == 15
+
+
+def test_a_kernel_over_slow_call_ms_is_warm_after_one_call_and_takes_fewer_samples():
+    import time
+
+    from korch.profile.timing import MAX_SAMPLING_MS, MIN_SLOW_SAMPLES, SLOW_CALL_MS, time_kernel
+
+    calls = []
+
+    def slower(args):
+        calls.append(1)
+        time.sleep(max(SLOW_CALL_MS, MAX_SAMPLING_MS / 2) / 1e3 * 1.1)
+
+    times = time_kernel(slower, [], warmup=3, repeat=15, min_sample_ms=0.1)
+    assert len(times) == MIN_SLOW_SAMPLES and len(calls) == 2 + MIN_SLOW_SAMPLES  # a warm-up, a probe
