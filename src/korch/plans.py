@@ -199,7 +199,9 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
 # is built again at the end. Timed alone, plans are compared across seconds of this
 # VM's drift (Note [Timing in blocks]) instead of round by round, so the check is
 # coarser; the in-place re-solves, which time the BLP's plan kernel by kernel next to
-# a second plan, are skipped. Report: ``plan_check.lean``.
+# a second plan, are skipped. Report: ``plan_check.lean``. Screening plans on one
+# call after their first was tried and dropped: segformer_b16's plans ran 1.7-3.6x their
+# median on those calls and the screen threw out the winner (1343 instead of 1013 ms).
 LEAN_SHARE = 0.15
 
 

@@ -522,9 +522,8 @@ def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
 def _emit_order(graph: Graph, eff: dict[int, tuple[int, ...]], live: list[bool]) -> list[int]:
     """The live nodes in id order, except that a node comes after the inputs ``eff``
     gives it (a reassociated Add may take a constant with a larger id)."""
-    ins = {nid: [i for i in eff.get(nid, graph.nodes[nid].inputs)] for nid in range(len(graph.nodes)) if live[nid]}
-    waiting = {nid: sum(1 for i in srcs if i > nid) for nid, srcs in ins.items()}
-    if not any(waiting.values()):
+    ins = {nid: tuple(eff.get(nid, graph.nodes[nid].inputs)) for nid in range(len(graph.nodes)) if live[nid]}
+    if all(i < nid for nid, srcs in ins.items() for i in srcs):
         return sorted(ins)
     pending = {nid: len(srcs) for nid, srcs in ins.items()}
     users: dict[int, list[int]] = {}
