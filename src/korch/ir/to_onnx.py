@@ -15,17 +15,17 @@ compute ``float32 * float64-0d`` in float64, which differs by at most a rounding
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
+from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
 from korch.ir.raising import (
     _bypass_broadcasts,
+    _is_constant,
     _model_opset_at_least,
-    _raise_attention,
     _raise_depth_space,
     _raise_global_average_pools,
     _raise_hard_activations,
@@ -34,9 +34,9 @@ from korch.ir.raising import (
     _raise_max_pools,
     _raise_nearest_upsamples,
     _raise_softmax,
-    _reassociate_conv_biases,
     _upsample_factor,
 )
+from korch.ir.raising_attention import _raise_attention
 from korch.ir.to_onnx_opaque import _emit_opaque
 
 INT64_MIN = int(np.iinfo(np.int64).min)
@@ -236,16 +236,7 @@ class _Exporter:
         return name
 
     def is_const(self, nid: int) -> bool:
-        """Whether node ``nid`` is a constant for onnxruntime: an initializer (a constant
-        or a constant input) or a layout op of constants (it folds those)."""
-        node = self.g.nodes[nid]
-        if node.op is Op.CONST:
-            return True
-        if node.op is Op.INPUT:
-            return self.names.get(nid) in self.const_inputs
-        if node.op in GroupOp.LAYOUT or node.op is Op.BROADCAST:
-            return all(self.is_const(i) for i in self.eff.get(nid, node.inputs))
-        return False
+        return _is_constant(self.g, nid, lambda n: self.eff.get(n, self.g.nodes[n].inputs), self.const_inputs)
 
     def node_dtype(self, nid: int) -> str:
         return self.g.nodes[nid].dtype
@@ -517,30 +508,6 @@ def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
         live[nid] = True
         stack.extend(eff.get(nid, graph.nodes[nid].inputs))
     return live
-
-
-def _emit_order(graph: Graph, eff: dict[int, tuple[int, ...]], live: list[bool]) -> list[int]:
-    """The live nodes in id order, except that a node comes after the inputs ``eff``
-    gives it (a reassociated Add may take a constant with a larger id)."""
-    ins = {nid: tuple(eff.get(nid, graph.nodes[nid].inputs)) for nid in range(len(graph.nodes)) if live[nid]}
-    if all(i < nid for nid, srcs in ins.items() for i in srcs):
-        return sorted(ins)
-    pending = {nid: len(srcs) for nid, srcs in ins.items()}
-    users: dict[int, list[int]] = {}
-    for nid, srcs in ins.items():
-        for i in srcs:
-            users.setdefault(i, []).append(nid)
-    ready = [nid for nid, n in pending.items() if n == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        nid = heapq.heappop(ready)
-        order.append(nid)
-        for u in users.get(nid, ()):
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, u)
-    return order
 
 
 def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, opset: int = 20):
