@@ -204,9 +204,10 @@ def _dynamic_dims(desc: KernelDesc, axis: int) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def with_extent(desc: KernelDesc, axis: int, n: int) -> KernelDesc:
-    """``desc`` with axis ``axis`` (and the tensor dims that are it) of extent ``n``."""
-    dims = _dynamic_dims(desc, axis)
+def with_extent(desc: KernelDesc, axis: int, n: int, dims: dict[int, tuple[int, ...]] | None = None) -> KernelDesc:
+    """``desc`` with axis ``axis`` (and the tensor dims that are it, ``dims`` when
+    known: ``_dynamic_dims``) of extent ``n``."""
+    dims = _dynamic_dims(desc, axis) if dims is None else dims
     axes = tuple(dataclasses.replace(a, extent=n) if i == axis else a for i, a in enumerate(desc.axes))
     tensors = tuple(
         dataclasses.replace(td, shape=tuple(n if j in dims[td.node] else d for j, d in enumerate(td.shape)))
@@ -231,6 +232,7 @@ class TemplateModel:
         self.dynamic = dynamic
         n_sym = A.sym("n") if dynamic is not None else None
         dyn_dims = _dynamic_dims(desc, dynamic) if dynamic is not None else {}
+        self._dyn_dims = dyn_dims
 
         def extent(i: int):
             return n_sym if i == dynamic else A.integer(axes[i].extent)
@@ -240,6 +242,7 @@ class TemplateModel:
 
         itemsize = min((t.itemsize for t in desc.tensors), default=4)
         align_elems = max(1, target.vector_bytes // max(itemsize, 1))
+        self._align_elems = align_elems  # an innermost axis's tile multiple (``bind`` too)
         vars_: list[Var] = []
         t: dict[int, sp.Expr] = {}
         for i, a in enumerate(axes):
@@ -421,9 +424,8 @@ class TemplateModel:
             raise ValueError(f"extent {n} < 1")
         bound = copy.copy(self)
         bound._bound = (n,)
-        bound.desc = with_extent(self.desc, self.dynamic, n)
-        itemsize = min((t.itemsize for t in self.desc.tensors), default=4)
-        align = max(1, self.target.vector_bytes // max(itemsize, 1))
+        bound.desc = with_extent(self.desc, self.dynamic, n, self._dyn_dims)
+        align = self._align_elems
         bound.vars = tuple(
             dataclasses.replace(
                 v, hi=n, candidates=tile_candidates(n, align if self.desc.axes[v.axis].innermost else 1)
