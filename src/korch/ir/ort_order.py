@@ -11,7 +11,7 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.ir.raising import _effective, _is_constant
+from korch.ir.raising import _const_input_ids, _effective, _is_constant
 
 
 # Note [Operand order]
@@ -41,8 +41,10 @@ def _reassociate_conv_biases(
     nodes = graph.nodes
     outs = set(graph.outputs.values())
 
+    const_ids = _const_input_ids(graph, const_inputs)
+
     def const(nid: int) -> bool:
-        return _is_constant(graph, nid, ins, const_inputs)
+        return _is_constant(graph, nid, ins, const_ids)
 
     def conv_biased(nid: int) -> bool:
         """A CONV, or a private constant ADD of one (a Conv with its bias)."""

@@ -571,17 +571,22 @@ def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[i:])
 
 
-def _is_constant(graph: Graph, nid: int, ins, const_inputs: dict) -> bool:
-    """Whether node ``nid`` is a constant for onnxruntime: a constant, an input with a
-    value in ``const_inputs`` (a kernel's), or a layout op of constants (it folds those);
+def _const_input_ids(graph: Graph, const_inputs: dict) -> frozenset[int]:
+    """The node ids of the graph inputs that have a value in ``const_inputs`` (a kernel's)."""
+    return frozenset(nid for name, nid in graph.inputs.items() if name in const_inputs)
+
+
+def _is_constant(graph: Graph, nid: int, ins, const_ids: frozenset[int]) -> bool:
+    """Whether node ``nid`` is a constant for onnxruntime: a constant, an input in
+    ``const_ids`` (``_const_input_ids``), or a layout op of constants (it folds those);
     ``ins`` gives a node's inputs (bypasses applied)."""
     node = graph.nodes[nid]
     if node.op is Op.CONST:
         return True
     if node.op is Op.INPUT:
-        return any(graph.inputs.get(name) == nid for name in const_inputs)
+        return nid in const_ids
     if node.op in GroupOp.LAYOUT or node.op is Op.BROADCAST:
-        return all(_is_constant(graph, i, ins, const_inputs) for i in ins(nid))
+        return all(_is_constant(graph, i, ins, const_ids) for i in ins(nid))
     return False
 
 

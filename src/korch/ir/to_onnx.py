@@ -24,6 +24,7 @@ from korch.ir.ops import GroupOp, Op
 from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
 from korch.ir.raising import (
     _bypass_broadcasts,
+    _const_input_ids,
     _is_constant,
     _model_opset_at_least,
     _raise_depth_space,
@@ -158,6 +159,7 @@ class _Exporter:
         self.numpy_helper = numpy_helper
         self.g = graph
         self.const_inputs = const_inputs
+        self.const_ids = _const_input_ids(graph, const_inputs)
         self.opset = opset
         self.nodes: list = []
         self.inits: list = []
@@ -236,7 +238,7 @@ class _Exporter:
         return name
 
     def is_const(self, nid: int) -> bool:
-        return _is_constant(self.g, nid, lambda n: self.eff.get(n, self.g.nodes[n].inputs), self.const_inputs)
+        return _is_constant(self.g, nid, lambda n: self.eff.get(n, self.g.nodes[n].inputs), self.const_ids)
 
     def node_dtype(self, nid: int) -> str:
         return self.g.nodes[nid].dtype

@@ -17,7 +17,7 @@ import time
 
 from korch.tiling.describe import KernelDesc
 from korch.tiling.model import TemplateModel, _dynamic_dims
-from korch.tiling.solvers import TilingSolution, _fewer_cores, _solution, solve_template
+from korch.tiling.solvers import TilingSolution, best_over
 from korch.tiling.target import Target, get_target
 
 
@@ -37,17 +37,7 @@ class TilingFunction:
 
     def solve(self, n: int) -> TilingSolution | None:
         """The best tiling over the templates at extent ``n`` (not memoised)."""
-        best: TilingSolution | None = None
-        for model in self.models:
-            bound = model.bind(n)
-            val = solve_template(bound, self.solver)
-            if val is None:
-                continue
-            val = _fewer_cores(bound, val)
-            sol = _solution(bound, val, self.solver, bound.evaluations)
-            if best is None or sol.time_us < best.time_us:
-                best = sol
-        return best
+        return best_over([m.bind(n) for m in self.models], self.solver)
 
     def __call__(self, n: int) -> TilingSolution | None:
         """``solve(n)``, memoised per extent (a launch with a shape seen before is a lookup)."""

@@ -343,12 +343,14 @@ def solve(
     """
     desc = kernel if isinstance(kernel, KernelDesc) else describe(kernel)
     tgt = get_target(target) if isinstance(target, str) else target
+    models = [m for m in models_for(desc, tgt) if templates is None or m.template in templates]
+    return best_over([m.one_core() for m in models] if one_core else models, solver)
+
+
+def best_over(models: Sequence[TemplateModel], solver: str) -> TilingSolution | None:
+    """The best tiling ``solver`` finds over these template models (template selection)."""
     best: TilingSolution | None = None
-    for model in models_for(desc, tgt):
-        if templates is not None and model.template not in templates:
-            continue
-        if one_core:
-            model = model.one_core()
+    for model in models:
         before = model.evaluations
         val = solve_template(model, solver)
         if val is None:
@@ -395,6 +397,7 @@ __all__ = [
     "SOLVERS",
     "TilingSolution",
     "axis_order",
+    "best_over",
     "grid_points",
     "models_for",
     "predict_latency_us",
