@@ -21,6 +21,7 @@ import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
+from korch.ir.ort_layout import pad_channels
 from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
 from korch.ir.raising import (
     _bypass_broadcasts,
@@ -512,13 +513,17 @@ def _live(graph: Graph, eff: dict[int, tuple[int, ...]]) -> list[bool]:
     return live
 
 
-def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, opset: int = 20):
+def to_onnx(
+    graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, opset: int = 20, channel_padding: bool = True
+):
     """An ``onnx.ModelProto`` computing ``korch.ir.evaluate(graph, ...)``.
 
     Graph inputs keep their names, except those in ``const_inputs``, which become
     initializers holding the given values. Outputs are named as in ``graph.outputs``.
     OPAQUE nodes are emitted as their stored NodeProto; their default-domain opset
     (the highest, when they differ) becomes the model's, so they keep their meaning.
+    With ``channel_padding`` the result is laid out for onnxruntime's blocked
+    convolutions (Note [Channel padding]); the numbers are the same.
     """
     from onnx import helper
 
@@ -607,4 +612,4 @@ def to_onnx(graph: Graph, const_inputs: dict[str, np.ndarray] | None = None, ops
     except Exception:  # noqa: BLE001 - keep make_model's choice
         pass
     model.ir_version = max(model.ir_version, 8)
-    return model
+    return pad_channels(model) if channel_padding else model
