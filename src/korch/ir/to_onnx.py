@@ -23,6 +23,7 @@ from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
 from korch.ir.ort_layout import pad_channels
 from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
+from korch.ir.ort_subpixel import subpixel_convs
 from korch.ir.raising import (
     _bypass_broadcasts,
     _const_input_ids,
@@ -612,4 +613,5 @@ def to_onnx(
     except Exception:  # noqa: BLE001 - keep make_model's choice
         pass
     model.ir_version = max(model.ir_version, 8)
+    model = subpixel_convs(model)
     return pad_channels(model) if channel_padding else model
