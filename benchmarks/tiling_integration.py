@@ -13,7 +13,8 @@ them alike.
 ``guided``: per model, optimize with model-guided and with exhaustive profiling (fresh
 databases, order alternated between models); prints candidates enumerated, measured,
 rounds, total optimize time, the Spearman rank correlation of predicted vs measured
-latency over all candidates the exhaustive run measured (generated kernels), and the
+latency over every generated kernel the exhaustive run measured (each with the tile
+config the model chose, paired with that kernel's own time), and the
 end-to-end latency of both executables, each in a process of its own, timed alternately in blocks (medians, and
 ``guided_over_exhaustive_rel``: the ratio round by round, drift cancelled),
 and the test-retest Spearman of the measurements themselves over the generated kernels
@@ -265,10 +266,19 @@ def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
     return [(a[w], b[w]) for w in sorted(set(a) & set(b))]
 
 
+def _tvm_measured(db: Path) -> dict[tuple[str, str], float]:
+    """(workload, tile config key) -> median us of every generated kernel measured ok."""
+    import sqlite3
+
+    q = "select workload, config, median_us from measurements where backend='tvm' and status='ok'"
+    return {(w, cfg): us for w, cfg, us in sqlite3.connect(db).execute(q)}
+
+
 def cmd_guided(args) -> dict:
     from korch.config import Settings
     from korch.ir.subgraph import extract
     from korch.kernels.tvm_backend import vector_bytes
+    from korch.kernels.tvm_tiling import config_key
     from korch.models import build
     from korch.orchestrate.guided import _tile_and_predict
     from korch.pipeline import run_pipeline, save_outputs
@@ -314,13 +324,19 @@ def cmd_guided(args) -> dict:
                 "loadavg": round(load0, 2),
             }
             if mode == "exhaustive":
+                # the prediction against the generated kernel's own measurement (the
+                # tile config it predicted), not the candidate's cost, which is the
+                # best backend's: a kernel onnxruntime runs faster would rank by
+                # onnxruntime's time
                 vb = vector_bytes()
+                tvm_us = _tvm_measured(Path(s.db_path))
                 pairs = []
                 for c in ctx.candidates:
-                    if "tvm" in c.backends and math.isfinite(c.cost_us):
-                        _, p = _tile_and_predict(extract(ctx.graph, c.kernel), s, vb)
-                        if p is not None:
-                            pairs.append((p, c.cost_us))
+                    if "tvm" in c.backends:
+                        cfg, p = _tile_and_predict(extract(ctx.graph, c.kernel), s, vb)
+                        m = tvm_us.get((c.hash, config_key(cfg)))
+                        if p is not None and m is not None:
+                            pairs.append((p, m))
                 res["spearman"] = round(_spearman([p for p, _ in pairs], [m for _, m in pairs]), 3) if pairs else None
                 res["spearman_n"] = len(pairs)
                 all_pred += [p for p, _ in pairs]
