@@ -456,3 +456,30 @@ def test_guided_share_budget_turns_pessimistic_and_converges():
     results = {(h, b): types.SimpleNamespace(ok=True, median_us=1.0) for h in measured for b in workloads[h].backends}
     share = _measured_share(ctx.candidates, workloads, results)
     assert share == sum(c.hash in measured for c in ctx.candidates) / len(ctx.candidates)
+
+
+def test_parallel_prediction_equals_serial():
+    """Note [Parallel prediction]: the spawned processes give the same tile configs and
+    predicted times, in the same order, as predicting in this process."""
+    from korch.ir.subgraph import extract
+    from korch.models import build
+    from korch.orchestrate.guided import predict_all
+    from korch.pipeline import STEPS, Context
+
+    s = Settings(progress=False, num_threads=2, rewrite=False, max_kernel_size=8)
+    ctx = Context(s, build("mlp"), None)
+    for name, fn in STEPS:
+        if name == "profile":
+            break
+        fn(ctx)
+    seen, graphs = set(), []
+    for c in ctx.candidates:
+        if "tvm" in c.backends and c.hash not in seen:
+            seen.add(c.hash)
+            graphs.append(extract(ctx.graph, c.kernel))
+    graphs = graphs[:300]
+    serial = predict_all(graphs, s, 64, workers=1)
+    parallel = predict_all(graphs, s, 64, workers=2)
+    assert len(serial) == len(graphs) > 100
+    assert parallel == serial
+    assert sum(p is not None for _, p in serial) > 50
