@@ -185,14 +185,27 @@ def test_guided_profiling_measures_fewer_and_matches_exhaustive():
     assert guided <= exhaustive * 1.03, (guided, exhaustive)
 
 
-def test_guided_profiling_past_its_budget_turns_pessimistic_and_converges():
+def test_guided_profiling_past_its_budget_turns_pessimistic_and_converges(monkeypatch):
     # Note [Model-guided profiling], step 5: a budget spent before the first round
+    from korch.orchestrate import guided
+
+    monkeypatch.setattr(guided, "HARD_BUDGET_FACTOR", 1e12)  # step 6 off
     _, optimistic, _, gs0, _ = _guided_on_mlp(profile_budget_s=0.0)
     ctx, measured, truth, gs, n = _guided_on_mlp(profile_budget_s=1e-9)
-    assert gs.budget_round == 1
+    assert gs.budget_round == 1 and gs.stop_round is None
     assert gs.rounds <= gs0.rounds and len(measured) <= len(optimistic)
-    guided, exhaustive = _objectives(ctx, measured, truth)
-    assert math.isfinite(guided) and guided >= exhaustive * (1 - 1e-9)
+    guided_obj, exhaustive = _objectives(ctx, measured, truth)
+    assert math.isfinite(guided_obj) and guided_obj >= exhaustive * (1 - 1e-9)
+
+
+def test_guided_profiling_stops_past_its_hard_budget_with_a_plan():
+    # step 6: no round starts past 1.5x the budget; the first round's plan is measured
+    _, optimistic, _, gs0, _ = _guided_on_mlp(profile_budget_s=0.0)
+    ctx, measured, truth, gs, n = _guided_on_mlp(profile_budget_s=1e-9)
+    assert gs0.rounds > 2 and gs.stop_round == 2 and gs.rounds == 2
+    assert len(measured) < len(optimistic)
+    guided_obj, exhaustive = _objectives(ctx, measured, truth)
+    assert math.isfinite(guided_obj) and guided_obj >= exhaustive * (1 - 1e-9)
 
 
 def _whole_tile_solution(g):

@@ -41,6 +41,11 @@ milliseconds, so the orchestrator decides what is worth measuring:
    clearly better, and the rounds end within a few more. segformer_b1 (9032
    candidates) took 50 rounds and 598 s without it. Report: ``profiling_budget_round``,
    the round the budget ran out in (None: it did not).
+6. a hard stop: past ``HARD_BUDGET_FACTOR`` times the budget no round starts. Each
+   round measures every kernel of the plan it picks, so the measured kernels hold a
+   whole plan and the final solve has one. segformer_b16's pessimistic rounds
+   (batch-16 kernels of seconds each) ran 186 s past the budget: a 644 s optimize,
+   over the 10-minute target. Report: ``profiling_stop_round`` (None: not reached).
 
 The final orchestration (``step_orchestrate``) sees measured costs only (unmeasured
 candidates are unavailable). It is optimal over the measured candidates: the last
@@ -72,6 +77,7 @@ class GuidedStats:
     seeded: int = 0  # workloads measured before the first round (``_seed``)
     share_round: int | None = None  # the round the measurement share budget ran out in
     started: float = dataclasses.field(default_factory=time.perf_counter)
+    stop_round: int | None = None  # the round the hard stop ended profiling in (step 6)
 
 
 def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, float | None]:
@@ -90,6 +96,9 @@ def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, 
             one = model_tile_config(kgraph, 1, vector_bytes, "cpu")[1]
             pred = one.time_us if one is not None and math.isfinite(one.time_us) else pred
     return cfg, pred
+
+
+HARD_BUDGET_FACTOR = 1.5  # step 6 of Note [Model-guided profiling]
 
 
 # Note [Parallel prediction]
@@ -241,6 +250,7 @@ def step_profile(ctx) -> None:
         candidates_predicted=sum(1 for c in ctx.candidates if c.hash not in measured_hashes),
         profiling_rounds=gs.rounds,
         profiling_budget_round=gs.budget_round,
+        profiling_stop_round=gs.stop_round,
         profiling_share_round=gs.share_round,
         profiling_seeded=gs.seeded,
         prediction_seconds=round(gs.prediction_seconds, 3),
@@ -423,6 +433,9 @@ def _guided_rounds(
         z = getattr(s, "guided_optimism", 1.0)
         budget = getattr(s, "profile_budget_s", 0.0)
         share = getattr(s, "guided_share_budget", 0.0)
+        if budget and gs.rounds > 1 and time.perf_counter() - gs.started > HARD_BUDGET_FACTOR * budget:
+            gs.stop_round = gs.rounds  # step 6: what is unmeasured stays unavailable
+            return
         if budget and time.perf_counter() - gs.started > budget:
             gs.budget_round = gs.budget_round or gs.rounds
             z = -abs(z) if z else -1.0  # step 5: pessimistic past the budget
