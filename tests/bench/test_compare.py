@@ -67,3 +67,19 @@ def test_quiesce_first_runs_before_each_block(monkeypatch):
     fns = {k: (lambda k=k: log.append(k)) for k in ("a", "b")}
     C.time_alternating(fns, rounds=2, block=2, quiesce_first=True)
     assert log[4:] == ["q", "a", "a", "q", "b", "b"] * 2
+
+
+def test_slow_engines_get_blocks_of_two(monkeypatch):
+    # calls of SLOW_CALL_MS or more: one dropped call and one kept per block
+    import korch.bench.compare as C
+
+    now = [0.0]
+
+    def engine():
+        now[0] += C.SLOW_CALL_MS / 1e3
+
+    monkeypatch.setattr(C.time, "perf_counter", lambda: now[0])
+    out = C.time_alternating({"a": engine, "b": engine}, rounds=4, block=None)
+    assert out["a"]["block"] == 2 and out["a"]["runs"] == 4
+    fast = C.time_alternating({"a": lambda: None}, rounds=2, block=None)
+    assert fast["a"]["block"] >= 3
