@@ -503,3 +503,15 @@ def test_thread_check_is_skipped_for_long_calls(monkeypatch):
     P.step_threads(ctx)
     assert ctx.report["runtime_threads"] == 2 and ctx.report["threads_check"].startswith("skipped")
     assert calls == [2] and ctx.executable.threads == 2
+
+
+def test_lean_check_keeps_a_one_kernel_plan_unless_clearly_beaten():
+    # Note [Lean plan check]: plans timed apart; a plan of many kernels needs LEAN_MARGIN
+    from korch.plans import LEAN_MARGIN, _lean_keep
+
+    close = {"one region": 1075.0, "regions x0.4": 1031.0, "the model": 1852.0}
+    assert _lean_keep(close) == "one region"
+    clear = {"one region": 1075.0, "regions x0.4": 1075.0 * (1 - 2 * LEAN_MARGIN), "the model": 1852.0}
+    assert _lean_keep(clear) == "regions x0.4"
+    assert _lean_keep({"blp": 5.0, "regions x0.7": 4.0}) == "regions x0.7"  # no one-kernel plan
+    assert _lean_keep({"the model": 3.0, "one region": 2.0}) == "one region"
