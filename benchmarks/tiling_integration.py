@@ -256,22 +256,18 @@ def _plan_key(plan: dict) -> tuple:
     return (tuple((st["workload"], st["backend"]) for st in plan["steps"]), plan.get("threads"))
 
 
-def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
-    """(time in a, time in b) of every generated kernel measured ok in both databases."""
-    import sqlite3
-
-    q = "select workload, median_us from measurements where backend='tvm' and status='ok'"
-    a = dict(sqlite3.connect(db_a).execute(q))
-    b = dict(sqlite3.connect(db_b).execute(q))
-    return [(a[w], b[w]) for w in sorted(set(a) & set(b))]
-
-
 def _tvm_measured(db: Path) -> dict[tuple[str, str], float]:
     """(workload, tile config key) -> median us of every generated kernel measured ok."""
     import sqlite3
 
     q = "select workload, config, median_us from measurements where backend='tvm' and status='ok'"
     return {(w, cfg): us for w, cfg, us in sqlite3.connect(db).execute(q)}
+
+
+def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
+    """(time in a, time in b) of every generated kernel measured ok in both databases."""
+    a, b = ({w: us for (w, _), us in _tvm_measured(db).items()} for db in (db_a, db_b))
+    return [(a[w], b[w]) for w in sorted(set(a) & set(b))]
 
 
 def cmd_guided(args) -> dict:

@@ -70,13 +70,13 @@ def test_quiesce_first_runs_before_each_block(monkeypatch):
 
 
 def test_slow_engines_get_blocks_of_two(monkeypatch):
-    # calls of SLOW_CALL_MS or more: one dropped call and one kept per block
+    # calls of SLOW_BLOCK_CALL_MS or more: one dropped call and one kept per block
     import korch.bench.compare as C
 
     now = [0.0]
 
     def engine():
-        now[0] += C.SLOW_CALL_MS / 1e3
+        now[0] += C.SLOW_BLOCK_CALL_MS / 1e3
 
     monkeypatch.setattr(C.time, "perf_counter", lambda: now[0])
     out = C.time_alternating({"a": engine, "b": engine}, rounds=4, block=None)

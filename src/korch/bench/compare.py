@@ -55,7 +55,7 @@ def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray])
 
 
 BLOCK_MS = 100.0  # Note [Timing in blocks]: block=None
-SLOW_CALL_MS = 500.0  # ... and calls this slow get blocks of two
+SLOW_BLOCK_CALL_MS = 500.0  # ... and calls this slow get blocks of two
 
 
 def quiesce(window_s: float = 0.01, busy_share: float = 0.1, max_s: float = 0.5) -> float:
@@ -103,7 +103,7 @@ def time_alternating(
     ``block=None`` sizes blocks to about ``BLOCK_MS`` of the fastest engine's calls (3
     to 30 calls): the first calls after another engine ran are slower than the first
     one alone (Note [Engines in their own processes]), and a block of three on a 3 ms
-    model kept two of those. When every engine's call takes ``SLOW_CALL_MS`` or more
+    model kept two of those. When every engine's call takes ``SLOW_BLOCK_CALL_MS`` or more
     (batch-16 Segformer: 1-2 s) a block is two calls, the first dropped: a pool that
     spins some 30 ms after its call costs such a call a few percent at most, and the
     plan check of six such plans took 116 of segformer_b16's 615 s optimize.
@@ -117,7 +117,7 @@ def time_alternating(
     process, which answers once its threads are idle).
     """
     warm = [_block_ms(fn, 2)[-1] for fn in fns.values()]
-    if block is None and min(warm) >= SLOW_CALL_MS:
+    if block is None and min(warm) >= SLOW_BLOCK_CALL_MS:
         block = 2  # one kept call: what the dropped call guards against is ~1% of it
     elif block is None:  # about BLOCK_MS of the fastest engine's calls
         block = max(3, min(30, math.ceil(BLOCK_MS / max(min(warm), 1e-3))))

@@ -66,6 +66,26 @@ def nchwc_block() -> int:
     return 16 if " avx512f" in flags else 8
 
 
+def users_of(g) -> dict[str, list]:
+    """Tensor name -> the nodes of ``g`` (an ``onnx.GraphProto``) that read it."""
+    users: dict[str, list] = {}
+    for n in g.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    return users
+
+
+def finish_rewrite(g, new_inits: list) -> None:
+    """Add ``new_inits`` to ``g``, drop initializers no node or graph input reads any
+    more, and the value_info a rewrite made stale."""
+    g.initializer.extend(new_inits)
+    live = {i for n in g.node for i in n.input} | {v.name for v in g.input}
+    kept = [t for t in g.initializer if t.name in live]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    del g.value_info[:]
+
+
 def _pads_output(n, inits: dict, block: int) -> bool:
     if n.op_type != "Conv" or len(n.input) < 2 or n.input[1] not in inits:
         return False
@@ -93,13 +113,8 @@ def pad_channels(model, block: int | None = None):
         dims = vi.type.tensor_type.shape.dim
         if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = [d.dim_value for d in dims]
-    users: dict[str, list] = {}
-    producer = {}
-    for n in g.node:
-        for i in n.input:
-            users.setdefault(i, []).append(n)
-        for o in n.output:
-            producer[o] = n
+    users = users_of(g)
+    producer = {o: n for n in g.node for o in n.output}
     graph_io = {v.name for v in g.output} | {v.name for v in g.input}
 
     def channels(name: str) -> int | None:
@@ -153,11 +168,10 @@ def pad_channels(model, block: int | None = None):
                 break
             region.add(t)
             p = producer.get(t)
-            nodes = [(p, "out")] if p is not None else []
             if p is None:
                 ok = False
                 break
-            nodes += [(u, "in") for u in users.get(t, [])]
+            nodes = [(p, "out")] + [(u, "in") for u in users.get(t, [])]
             for n, side in nodes:
                 op = n.op_type
                 if op == "Conv" and not is_depthwise(n, c):
@@ -203,7 +217,7 @@ def pad_channels(model, block: int | None = None):
     padded_of = {t: (c, p) for region, c, p in regions for t in region}
     done = set()
     for region, c, p in regions:
-        for t in region:
+        for t in sorted(region):  # (names of the padded constants: the same in every process)
             for n in [producer[t], *users.get(t, [])]:
                 if id(n) in done:
                     continue
@@ -238,10 +252,5 @@ def pad_channels(model, block: int | None = None):
         if inp in padded_of:
             _, p = padded_of[inp]
             replace(n, 1, pad_axis(const(n.input[1]), 1, p))
-    g.initializer.extend(new_inits)
-    live = {i for n in g.node for i in n.input}
-    kept = [t for t in g.initializer if t.name in live or t.name in graph_io]
-    del g.initializer[:]
-    g.initializer.extend(kept)
-    del g.value_info[:]  # shapes of padded tensors changed
+    finish_rewrite(g, new_inits)  # (the padded tensors' shapes changed)
     return model

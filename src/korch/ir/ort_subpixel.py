@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from korch.ir.ort_layout import finish_rewrite, users_of
+
 # Note [Sub-pixel convolution]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A decoder's Resize(nearest, 2x) -> Pad(1) -> Conv(3x3) (Candy, fast style transfer)
@@ -67,10 +69,7 @@ def subpixel_convs(model):
     if opset < 18 or not any(n.op_type == "Resize" for n in g.node):
         return model  # Col2Im is opset 18
     inits = {t.name: t for t in g.initializer}
-    users: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            users.setdefault(i, []).append(n)
+    users = users_of(g)
     outputs = {v.name for v in g.output}
 
     def const(name: str) -> np.ndarray | None:
@@ -187,10 +186,5 @@ def subpixel_convs(model):
         new_nodes.extend(replaced.get(id(n), [n]))
     del g.node[:]
     g.node.extend(new_nodes)
-    g.initializer.extend(new_inits)
-    live = {i for n in g.node for i in n.input} | {v.name for v in g.input}
-    kept = [t for t in g.initializer if t.name in live]
-    del g.initializer[:]
-    g.initializer.extend(kept)
-    del g.value_info[:]
+    finish_rewrite(g, new_inits)
     return model
