@@ -16,6 +16,7 @@ from korch.ir.ops import GroupOp, Op
 from korch.ir.ort_dtypes import compute_dtype
 from korch.ir.ort_layout import pad_channels
 from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
+from korch.ir.ort_rows import flatten_rows
 from korch.ir.ort_subpixel import subpixel_convs
 from korch.ir.raising import (
     _bypass_broadcasts,
@@ -455,7 +456,9 @@ def to_onnx(
     OPAQUE nodes are emitted as their stored NodeProto; their default-domain opset
     (the highest, when they differ) becomes the model's, so they keep their meaning.
     With ``channel_padding`` the result is laid out for onnxruntime's blocked
-    convolutions (Note [Channel padding]); the numbers are the same.
+    convolutions (Note [Channel padding]); the numbers are the same. Sub-pixel
+    convolutions (Note [Sub-pixel convolution]) and row islands (Note [Row islands])
+    are rewritten for onnxruntime too.
     """
     from onnx import helper
 
@@ -544,5 +547,5 @@ def to_onnx(
     except Exception:  # noqa: BLE001 - keep make_model's choice
         pass
     model.ir_version = max(model.ir_version, 8)
-    model = subpixel_convs(model)
+    model = flatten_rows(subpixel_convs(model))
     return pad_channels(model) if channel_padding else model
