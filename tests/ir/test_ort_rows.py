@@ -152,3 +152,32 @@ def test_to_onnx_flattens_what_it_exports(tmp_path):
     x = np.random.default_rng(3).standard_normal((B, S, C)).astype(np.float32)
     np.testing.assert_allclose(_run(exported, x), _run(_model(), x), rtol=1e-4, atol=1e-4)
     assert _ort_ops(exported, tmp_path)["Reshape"] < _ort_ops(_model(), tmp_path)["Reshape"]
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_over_features_is_row_wise(axis):
+    """A Softmax over the last axis joins the island; one over tokens does not."""
+    m = _model()
+    (gelu_out,) = [n for n in m.graph.node if n.output[0] == "g1"]
+    gelu_out.output[0] = "g0"
+    m.graph.node.insert(list(m.graph.node).index(gelu_out) + 1, helper.make_node("Softmax", ["g0"], ["g1"], axis=axis))
+    x = np.random.default_rng(4).standard_normal((B, S, C)).astype(np.float32)
+    want = _run(m, x)
+    after = flatten_rows(m)
+    (sm,) = [n for n in after.graph.node if n.op_type == "Softmax"]
+    reshapes = [n for n in after.graph.node if n.op_type == "Reshape"]
+    if axis == -1:  # inside the island: x in, the LayerNorm's result out
+        assert sm.input[0] == "g0" and len(reshapes) == 2
+    else:  # it splits the chain in two islands of one Gemm each, too small to pay
+        assert sm.input[0] == "g0" and not reshapes
+    np.testing.assert_allclose(_run(after, x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_default_axis_before_opset_13():
+    """Before opset 13 a Softmax without an axis normalizes from axis 1 on."""
+    from korch.ir.ort_rows import _member
+
+    sm = helper.make_node("Softmax", ["a"], ["b"])
+    shapes = {"a": (B, S, C), "b": (B, S, C)}
+    assert _member(sm, shapes, {}, (B, S), opset=13)
+    assert not _member(sm, shapes, {}, (B, S), opset=12)

@@ -114,7 +114,7 @@ def _row_const(t) -> bool:
     return all(d == 1 for d in dims[:-1])
 
 
-def _member(n, shapes: dict, inits: dict, lead: tuple[int, ...]) -> bool:
+def _member(n, shapes: dict, inits: dict, lead: tuple[int, ...], opset: int) -> bool:
     """Whether node ``n`` is row-wise over tensors with leading dims ``lead``."""
     outs = [o for o in n.output if o]
     if len(outs) != 1 or shapes.get(outs[0], ())[:-1] != lead or len(shapes[outs[0]]) != len(lead) + 1:
@@ -138,7 +138,8 @@ def _member(n, shapes: dict, inits: dict, lead: tuple[int, ...]) -> bool:
                 return False
         return any(i not in inits for i in ins)
     if n.op_type in _LAST_AXIS:
-        axis = _attr(n, "axis", -1)
+        # (before opset 13 a Softmax's axis defaults to 1)
+        axis = _attr(n, "axis", 1 if n.op_type in ("Softmax", "LogSoftmax") and opset < 13 else -1)
         if axis not in (-1, rank - 1) or shapes.get(ins[0]) != shapes[outs[0]]:
             return False
         return all(i in inits and len(inits[i].dims) == 1 for i in ins[1:])
@@ -181,11 +182,12 @@ def flatten_rows(model):
         s = shapes.get(o)
         return s[:-1] if s is not None and len(s) >= 3 else None
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     taken = {t for n in g.node for t in n.output} | set(inits) | {i.name for i in g.input}
     member: dict[int, tuple[int, ...]] = {}
     for n in g.node:
         lead = lead_of(n)
-        if lead is not None and _member(n, shapes, inits, lead):
+        if lead is not None and _member(n, shapes, inits, lead, opset):
             member[id(n)] = lead
     seen: set[int] = set()
     new_inits: list = []
