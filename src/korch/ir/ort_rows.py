@@ -63,6 +63,7 @@ _UNARY = frozenset(
         "Mish",
     }
 )
+SMALL_CONST = 64  # elements: constants up to this size keep their values for shape inference
 _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
 _LAST_AXIS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "Softmax", "LogSoftmax"})
 
@@ -87,7 +88,22 @@ def _symbolic_shape_inference():
 def _shapes(model) -> dict[str, tuple[int, ...]]:
     """Static shapes of every tensor onnxruntime's symbolic shape inference can size
     (it knows the contrib operators korch emits, e.g. Attention)."""
-    inferred = _symbolic_shape_inference().infer_shapes(model, auto_merge=True)
+    import onnx
+    from onnx import helper
+
+    # the inference copies the model: weights go in as typed graph inputs (bert2_b1's
+    # 151 MB graph: 0.33 -> 0.03 s); small constants (shapes, axes) keep their values
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    light.graph.node.extend(model.graph.node)
+    light.graph.input.extend(model.graph.input)
+    light.graph.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if int(np.prod(t.dims, dtype=np.int64)) <= SMALL_CONST:
+            light.graph.initializer.append(t)
+        else:
+            light.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    inferred = _symbolic_shape_inference().infer_shapes(light, auto_merge=True)
     out: dict[str, tuple[int, ...]] = {}
     g = inferred.graph
     for vi in list(g.value_info) + list(g.input) + list(g.output):
