@@ -31,7 +31,9 @@ import numpy as np
 # ...) leaves it as it is. Padding costs work (the padded channels are computed), so a
 # region is padded only when it at most doubles its channels.
 
-_UNARY = frozenset(
+# elementwise operators of one tensor (Clip's bounds are constants); each maps 0 to a
+# finite value, so padded channels stay finite
+ELEMENTWISE_UNARY = frozenset(
     {
         "Relu",
         "LeakyRelu",
@@ -177,7 +179,7 @@ def pad_channels(model, block: int | None = None):
                 if op == "Conv" and not is_depthwise(n, c):
                     ok &= is_boundary(n) and (side == "out" or n.input[0] == t)
                     continue
-                if op == "Conv" or op in _UNARY or op in _POOLS or op == "BatchNormalization":
+                if op == "Conv" or op in ELEMENTWISE_UNARY or op in _POOLS or op == "BatchNormalization":
                     if op == "BatchNormalization" and not all(x in inits for x in n.input[1:]):
                         ok = False
                     if op == "Conv" and len(n.input) > 2 and n.input[2] not in inits:

@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from korch.ir.ort_layout import finish_rewrite, users_of
+from korch.ir.ort_layout import ELEMENTWISE_UNARY, finish_rewrite, users_of
 
 # Note [Row islands]
 # ~~~~~~~~~~~~~~~~~~
@@ -36,32 +36,10 @@ from korch.ir.ort_layout import finish_rewrite, users_of
 # constant operand of an elementwise operator must broadcast along the last axis only
 # (a scalar, or [..., 1, features] with leading ones), and is reshaped to 1-D.
 
-_UNARY = frozenset(
-    {
-        "Relu",
-        "LeakyRelu",
-        "Sigmoid",
-        "HardSigmoid",
-        "HardSwish",
-        "Tanh",
-        "Clip",
-        "Elu",
-        "Gelu",
-        "FastGelu",
-        "QuickGelu",
-        "BiasGelu",
-        "Erf",
-        "Abs",
-        "Neg",
-        "Exp",
-        "Log",
-        "Sqrt",
-        "Reciprocal",
-        "Identity",
-        "Cast",
-        "Softplus",
-        "Mish",
-    }
+# (beyond ELEMENTWISE_UNARY: operators whose padded channels could be infinite, which
+# does not matter here, and onnxruntime's fused activations)
+_UNARY = ELEMENTWISE_UNARY | frozenset(
+    {"FastGelu", "QuickGelu", "BiasGelu", "Exp", "Log", "Sqrt", "Reciprocal", "Cast"}
 )
 SMALL_CONST = 64  # elements: constants up to this size keep their values for shape inference
 _BINARY = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"})
