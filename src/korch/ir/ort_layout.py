@@ -31,7 +31,7 @@ import numpy as np
 # ...) leaves it as it is. Padding costs work (the padded channels are computed), so a
 # region is padded only when it at most doubles its channels.
 
-# elementwise operators of one tensor (Clip's bounds are constants); each maps 0 to a
+# elementwise operators of one tensor (Clip's bounds, when given, are scalars); each maps 0 to a
 # finite value, so padded channels stay finite
 ELEMENTWISE_UNARY = frozenset(
     {
