@@ -178,6 +178,14 @@ def test_run_rejects_wrong_inputs_with_one_line(resumed, tmp_path):
         loaded({"x": np.zeros((64, 128), np.float64)})
     with pytest.raises(korch.InputError, match="missing input"):
         loaded({"z": np.zeros((64, 128), np.float32)})
+    with pytest.raises(korch.InputError, match=r"unknown input\(s\) \['z'\]"):
+        loaded({"x": np.zeros((64, 128), np.float32), "z": np.zeros(1, np.float32)})
+    # a non-contiguous view is taken (made contiguous for the kernels), not refused
+    wide = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32)
+    np.testing.assert_array_equal(
+        loaded({"x": wide[:, ::2]})[next(iter(loaded.output_names))],
+        loaded({"x": np.ascontiguousarray(wide[:, ::2])})[next(iter(loaded.output_names))],
+    )
     cases = {"shape": {"x": np.zeros((64, 127), np.float32)}}
     for what, feeds in cases.items():
         np.savez(tmp_path / f"{what}.npz", **feeds)

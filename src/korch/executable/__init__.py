@@ -159,6 +159,7 @@ class Executable:
         self._plan_memory(keep)
         self.cuda_graph = False  # Settings.cuda_graph; used by the device runner
         self._device_runner = None
+        self._on_device: bool | None = None  # whether a kernel is a device kernel; found at the first call
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
 
     def _plan_memory(self, keep: set[int]) -> None:
@@ -182,6 +183,9 @@ class Executable:
         # graph inputs a fast-path (generated) kernel reads: those check_inputs aligns
         fast_reads = {i for st, f in zip(self.steps, self._fast) if f is not None for i in st.inputs}
         self._align_inputs = {s.node for s in self.inputs.values()} & fast_reads
+        self._input_checks = [
+            (name, spec, np.dtype(spec.dtype), spec.node in self._align_inputs) for name, spec in self.inputs.items()
+        ]
         sizes = {n: int(np.prod(shape, dtype=np.int64)) * dt.itemsize for n, (shape, dt) in self._arena_specs.items()}
         self._arena_offsets, self._arena_bytes = plan_arena(self.steps, sizes, keep)
         self.buffer_stats = {**self.buffer_stats, "arena_bytes": self._arena_bytes, "arena_tensors": len(sizes)}
@@ -216,25 +220,29 @@ class Executable:
         self.threads = n
 
     def check_inputs(self, feeds: Mapping[str, Any]) -> dict[int, np.ndarray]:
-        env: dict[int, np.ndarray] = {}
-        missing = [n for n in self.inputs if n not in feeds]
-        if missing:
-            raise InputError(f"missing input(s) {missing}; the model takes {list(self.inputs)}")
-        extra = [n for n in feeds if n not in self.inputs]
-        if extra:
+        if len(feeds) != len(self.inputs) or not all(n in feeds for n in self.inputs):
+            missing = [n for n in self.inputs if n not in feeds]
+            if missing:
+                raise InputError(f"missing input(s) {missing}; the model takes {list(self.inputs)}")
+            extra = [n for n in feeds if n not in self.inputs]
             raise InputError(f"unknown input(s) {extra}; the model takes {list(self.inputs)}")
-        for name, spec in self.inputs.items():
-            arr = np.asarray(feeds[name])
-            if tuple(arr.shape) != spec.shape:
+        env: dict[int, np.ndarray] = {}
+        # per input: name, spec, numpy dtype, whether a generated kernel reads it (Note
+        # [Call overhead])
+        for name, spec, dtype, align in self._input_checks:
+            arr = feeds[name]
+            if type(arr) is not np.ndarray:
+                arr = np.asarray(arr)
+            if arr.shape != spec.shape:
                 raise InputError(f"input {name!r}: shape {list(arr.shape)}, expected {list(spec.shape)}")
-            if str(arr.dtype) != spec.dtype:
+            if arr.dtype != dtype:
                 raise InputError(f"input {name!r}: dtype {arr.dtype}, expected {spec.dtype}")
             # one aligned copy here, not a staging copy in every generated kernel
             # that reads it (Note [TVM buffer alignment]); an input only library
             # kernels read is passed as it is (numpy's arrays are 16-byte aligned, so
             # the copy was made on every call: 50 MB per call for segformer_b16)
-            if spec.node not in self._align_inputs:
-                env[spec.node] = np.ascontiguousarray(arr)
+            if not align:
+                env[spec.node] = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
                 continue
             ok = arr.flags.c_contiguous and arr.flags.writeable and arr.ctypes.data % ALIGN == 0
             env[spec.node] = arr if ok else aligned_copy(arr)
@@ -243,12 +251,23 @@ class Executable:
     def device_runner(self):
         """The runner keeping tensors on the device (Note [Device executable]), or None when
         no kernel is a device kernel (the cpu target)."""
-        from korch.executable.device import DeviceRunner, is_device_kernel
+        if self._device_runner is None and self._on_device is not False:
+            from korch.executable.device import DeviceRunner, is_device_kernel
 
-        if self._device_runner is None and any(is_device_kernel(s.kernel) for s in self.steps):
-            self._device_runner = DeviceRunner(self, self.cuda_graph)
+            self._on_device = any(is_device_kernel(s.kernel) for s in self.steps)
+            if self._on_device:
+                self._device_runner = DeviceRunner(self, self.cuda_graph)
         return self._device_runner
 
+    # Note [Call overhead]
+    # ~~~~~~~~~~~~~~~~~~~~
+    # When the executable is one onnxruntime session (the plan check often keeps one),
+    # everything here is overhead on top of the session's own run, and on a small model
+    # it shows: the attention example's session runs in about 0.1 ms, and the call took
+    # 13 us more (input checks comparing dtype names, a device-kernel scan and an import
+    # per call, an arena overlap test per output). The checks now compare precomputed
+    # numpy dtypes, the device scan happens once, and an executable without an arena
+    # skips the overlap test: 3 us (benchmarks/RESULTS.md, twelfth session).
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         runner = self.device_runner()
         if runner is not None:
@@ -279,6 +298,8 @@ class Executable:
                 env[nid] = val
             for nid in free:
                 env.pop(nid, None)
+        if not self._arena_bytes:  # no arena: nothing an output could be a view of
+            return {name: env[spec.node] for name, spec in self.outputs.items()}
         buf = self._local.buf
         # an output that is a view of the arena (a reshape of a planned tensor) is copied:
         # the next call would overwrite it
