@@ -263,11 +263,11 @@ class Executable:
     # ~~~~~~~~~~~~~~~~~~~~
     # When the executable is one onnxruntime session (the plan check often keeps one),
     # everything here is overhead on top of the session's own run, and on a small model
-    # it shows: the attention example's session runs in about 0.1 ms, and the call took
-    # 13 us more (input checks comparing dtype names, a device-kernel scan and an import
-    # per call, an arena overlap test per output). The checks now compare precomputed
-    # numpy dtypes, the device scan happens once, and an executable without an arena
-    # skips the overlap test: 3 us (benchmarks/RESULTS.md, twelfth session).
+    # it shows: the attention example's session runs in 75-100 us, and the call took
+    # 10-13 us more (input checks comparing dtype names, a device-kernel scan and an
+    # import per call, an arena overlap test per output). The checks now compare
+    # precomputed numpy dtypes, the device scan happens once, and an executable without
+    # an arena skips the overlap test: 3 us (benchmarks/call_overhead.py).
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         runner = self.device_runner()
         if runner is not None:
