@@ -27,13 +27,11 @@ from korch.ir.raising import (
     _raise_global_average_pools,
     _raise_hard_activations,
     _raise_layer_norms,
-    _raise_linear_resizes,
     _raise_max_pools,
-    _raise_nearest_upsamples,
     _raise_softmax,
-    _upsample_factor,
 )
 from korch.ir.raising_attention import _raise_attention
+from korch.ir.raising_resize import _raise_linear_resizes, _raise_nearest_upsamples, _upsample_factor
 from korch.ir.to_onnx_opaque import _emit_opaque
 
 INT64_MIN = int(np.iinfo(np.int64).min)
