@@ -77,6 +77,13 @@ def users_of(g) -> dict[str, list]:
     return users
 
 
+def node_attrs(n) -> dict:
+    """The attributes of ``n`` (an ``onnx.NodeProto``) by name, as Python values."""
+    from onnx import helper
+
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
 def finish_rewrite(g, new_inits: list) -> None:
     """Add ``new_inits`` to ``g``, drop initializers no node or graph input reads any
     more, and the value_info a rewrite made stale."""

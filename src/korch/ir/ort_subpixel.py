@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from korch.ir.ort_layout import finish_rewrite, users_of
+from korch.ir.ort_layout import finish_rewrite, node_attrs, users_of
 
 # Note [Sub-pixel convolution]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -52,12 +52,6 @@ def subpixel_weights(w: np.ndarray) -> np.ndarray:
     return np.stack(phases, axis=1).reshape(4 * w.shape[0], w.shape[1], 2, 2).astype(w.dtype)
 
 
-def _attrs(n) -> dict:
-    from onnx import helper
-
-    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
-
-
 def subpixel_convs(model):
     """``model`` (an ``onnx.ModelProto``, changed in place and returned) with every
     Resize(nearest 2x) -> [Pad(1)] -> Conv(3x3) of Note [Sub-pixel convolution]
@@ -86,7 +80,7 @@ def subpixel_convs(model):
     for r in g.node:
         if r.op_type != "Resize":
             continue
-        a = _attrs(r)
+        a = node_attrs(r)
         if (
             a.get("mode", b"nearest") != b"nearest"
             or a.get("coordinate_transformation_mode", b"half_pixel") != b"asymmetric"
@@ -109,7 +103,7 @@ def subpixel_convs(model):
         pad_mode = None
         if nxt is not None and nxt.op_type == "Pad":
             pads = const(nxt.input[1]) if len(nxt.input) > 1 else None
-            mode = _attrs(nxt).get("mode", b"constant")
+            mode = node_attrs(nxt).get("mode", b"constant")
             value = const(nxt.input[2]) if len(nxt.input) > 2 and nxt.input[2] else None
             if pads is None or list(pads) != [0, 0, 1, 1, 0, 0, 1, 1] or len(nxt.input) > 3:
                 continue
@@ -127,7 +121,7 @@ def subpixel_convs(model):
             pad_mode = "zero"
         if conv is None or conv.op_type != "Conv" or conv.input[0] != (nxt or r).output[0]:
             continue
-        ca = _attrs(conv)
+        ca = node_attrs(conv)
         wt = const(conv.input[1]) if len(conv.input) > 1 else None
         bias = const(conv.input[2]) if len(conv.input) > 2 and conv.input[2] else None
         if (
