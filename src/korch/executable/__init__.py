@@ -159,7 +159,9 @@ class Executable:
         self._plan_memory(keep)
         self.cuda_graph = False  # Settings.cuda_graph; used by the device runner
         self._device_runner = None
-        self._on_device: bool | None = None  # whether a kernel is a device kernel; found at the first call
+        from korch.executable.device import is_device_kernel
+
+        self._on_device = any(is_device_kernel(s.kernel) for s in steps)  # Note [Call overhead]
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
 
     def _plan_memory(self, keep: set[int]) -> None:
@@ -251,12 +253,10 @@ class Executable:
     def device_runner(self):
         """The runner keeping tensors on the device (Note [Device executable]), or None when
         no kernel is a device kernel (the cpu target)."""
-        if self._device_runner is None and self._on_device is not False:
-            from korch.executable.device import DeviceRunner, is_device_kernel
+        if self._device_runner is None and self._on_device:
+            from korch.executable.device import DeviceRunner
 
-            self._on_device = any(is_device_kernel(s.kernel) for s in self.steps)
-            if self._on_device:
-                self._device_runner = DeviceRunner(self, self.cuda_graph)
+            self._device_runner = DeviceRunner(self, self.cuda_graph)
         return self._device_runner
 
     # Note [Call overhead]
@@ -266,8 +266,9 @@ class Executable:
     # it shows: the attention example's session runs in 75-100 us, and the call took
     # 10-13 us more (input checks comparing dtype names, a device-kernel scan and an
     # import per call, an arena overlap test per output). The checks now compare
-    # precomputed numpy dtypes, the device scan happens once, and an executable without
-    # an arena skips the overlap test: 3 us (benchmarks/call_overhead.py).
+    # precomputed numpy dtypes, the device scan happens at construction, and an
+    # executable without an arena skips the overlap test: 3 us
+    # (benchmarks/call_overhead.py).
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         runner = self.device_runner()
         if runner is not None:
