@@ -122,10 +122,21 @@ def _arith_progression(values) -> tuple[int, int] | None:
 
 
 class _Lowerer:
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, dynamic: Dynamic | None = None):
         self.g = g
         self.tensors: dict[int, te.Tensor] = {}
         self.hidden: list[tuple[te.Tensor, np.ndarray]] = []
+        self.dyn = dynamic
+
+    def shape(self, nid: int) -> tuple:
+        """Node ``nid``'s shape, its dynamic dims (if any) the symbol."""
+        shape = self.g.nodes[nid].shape
+        if self.dyn is None or not self.dyn.dims.get(nid):
+            return shape
+        return tuple(self.dyn.n if j in self.dyn.dims[nid] else d for j, d in enumerate(shape))
+
+    def is_dyn(self, nid: int, dim: int) -> bool:
+        return self.dyn is not None and dim in self.dyn.dims.get(nid, ())
 
     def value(self, nid: int, idx) -> tirx.PrimExpr:
         node = self.g.nodes[nid]
@@ -139,11 +150,13 @@ class _Lowerer:
     def lower(self, nid: int) -> te.Tensor:
         node = self.g.nodes[nid]
         name = f"n{nid}"
-        shape = node.shape
+        shape = self.shape(nid)
+        if self.dyn is not None:
+            self.check_dynamic(nid)
         if node.op in GroupOp.ELEMENTWISE:
             fn = lambda *i: self.elementwise(node, list(i))
         elif node.op in GroupOp.REDUCE:
-            return self.reduce(node, name)
+            return self.reduce(nid, name)
         else:
             fn = lambda *i: self.layout(node, nid, list(i))
         return te.compute(shape, fn, name=name)
@@ -217,7 +230,8 @@ class _Lowerer:
         raise NotImplementedError(op)
 
     # -- reduce ------------------------------------------------------------------------
-    def reduce(self, node: Node, name: str) -> te.Tensor:
+    def reduce(self, nid: int, name: str) -> te.Tensor:
+        node = self.g.nodes[nid]
         (src,) = node.inputs
         in_shape = self.g.nodes[src].shape
         axes = node.attr("axes")
@@ -228,7 +242,7 @@ class _Lowerer:
             idx = [raxes[a] if a in raxes else i[a] for a in range(len(in_shape))]
             return reducer(self.value(src, idx), axis=[raxes[a] for a in axes])
 
-        return te.compute(node.shape, fn, name=name)
+        return te.compute(self.shape(nid), fn, name=name)
 
     # -- broadcast and layout ----------------------------------------------------------
     def layout(self, node: Node, nid: int, idx) -> tirx.PrimExpr:
@@ -317,26 +331,73 @@ class _Lowerer:
         in_idx = list(idx[:axis]) + [pos] + list(idx[axis + len(ishape) :])
         return self.value(src, in_idx)
 
+    def check_dynamic(self, nid: int) -> None:
+        """Refuse a primitive whose index arithmetic would use a dynamic dim's extent
+        (Note [Dynamic kernels] in tvm_dynamic): the lowering writes static extents
+        there. Elementwise, broadcast, transpose and row reductions are free of them."""
+        node, g = self.g.nodes[nid], self.g
+        src = node.inputs[0] if node.inputs else None
+        dyn_out = set(self.dyn.dims.get(nid, ()))
+        dyn_in = set(self.dyn.dims.get(src, ())) if src is not None else set()
+        what = None
+        if node.op in GroupOp.REDUCE and dyn_in & set(node.attr("axes")):
+            what = "reduces over it"
+        elif node.op is Op.RESHAPE:
+            s_shape, o_shape = g.nodes[src].shape, node.shape
+            head = 0
+            while head < min(len(s_shape), len(o_shape)) and s_shape[head] == o_shape[head]:
+                head += 1
+            # only the head (the dims _reshape_index passes through unchanged, before
+            # the first that differs) may be dynamic, at the same positions
+            if dyn_in != dyn_out or any(d >= head for d in dyn_out):
+                what = "reshapes it"
+        elif node.op is Op.PAD:
+            if any(tuple(node.attr("pads")[d]) != (0, 0) for d in dyn_in):
+                what = "pads it"
+        elif node.op in (Op.SLICE, Op.CONCAT, Op.GATHER, Op.WINDOW):
+            axes = {node.attr("axis")} if node.op in (Op.CONCAT, Op.GATHER) else set()
+            if node.op is Op.SLICE:
+                starts, steps = node.attr("starts"), node.attr("steps")
+                s_shape = g.nodes[src].shape
+                axes = {d for d, (st, sp) in enumerate(zip(starts, steps)) if (st, sp) != (0, 1)}
+                axes |= {d for d, (a, b) in enumerate(zip(s_shape, node.shape)) if a != b}
+            if node.op is Op.WINDOW:
+                axes = set(range(len(g.nodes[src].shape) - len(node.attr("kernel")), len(g.nodes[src].shape)))
+            if axes & (dyn_in | dyn_out):
+                what = f"{node.op.value}s along it"
+        if what:
+            raise ValueError(f"n{nid} ({node.op.value}) {what}: the dynamic dim must pass through unchanged")
+
     def _hidden(self, nid: int, arr: np.ndarray) -> te.Tensor:
         t = te.placeholder(arr.shape, "int32", name=f"gidx{nid}")
         self.hidden.append((t, arr))
         return t
 
 
-def lower(g: Graph) -> Lowered:
+@dataclasses.dataclass(frozen=True)
+class Dynamic:
+    """A dynamic dimension: the symbol ``n`` and, per node, the dims that are it."""
+
+    n: tirx.Var
+    dims: dict[int, tuple[int, ...]]
+
+
+def lower(g: Graph, dynamic: Dynamic | None = None) -> Lowered:
     """The kernel graph ``g`` (extract form) as an unscheduled PrimFunc.
 
     Parameters are the inputs in ``g.inputs`` order, then the outputs in ``g.outputs``
-    order, then hidden index arrays.
+    order, then hidden index arrays. With ``dynamic``, the dims it names have the
+    symbol's extent (bound from the arguments' shapes at call time); a primitive that
+    would need their extent in its index arithmetic is refused with ValueError.
     """
     reason = unsupported_reason(g)
     if reason:
         raise ValueError(f"tvm backend cannot lower this kernel: {reason}")
-    lw = _Lowerer(g)
+    lw = _Lowerer(g, dynamic)
     input_names = list(g.inputs)
     for name, nid in g.inputs.items():
         node = g.nodes[nid]
-        lw.tensors[nid] = te.placeholder(node.shape, node.dtype, name=name)
+        lw.tensors[nid] = te.placeholder(lw.shape(nid), node.dtype, name=name)
     block_of: dict[int, str] = {}
     for nid, node in enumerate(g.nodes):
         if node.op in GroupOp.SOURCE:

@@ -79,9 +79,13 @@ class _Scheduler:
 
     # -- innermost loops of one block ---------------------------------------------------
     def vectorize_injective(self, loops: list) -> None:
+        sch = self.sch
+        # a dynamic kernel's symbolic loops (Note [Dynamic kernels] in tvm_dynamic) stay
+        # outside: the static ones after the last of them are vectorised
+        while loops and any(_extent(sch, lp) is None for lp in loops):
+            loops = loops[1:]
         if not loops:
             return
-        sch = self.sch
         loop = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         lanes = _lanes(_extent(sch, loop), self.cfg.vector_width)
         if lanes > 1:
@@ -184,6 +188,12 @@ class _Scheduler:
         sch = self.sch
         spatial = sch.get_loops(sch.get_sblock(name))
         if not spatial:
+            return
+        symbolic = [i for i, lp in enumerate(spatial) if _extent(sch, lp) is None]
+        if symbolic:  # a dynamic kernel's: parallel up to the last symbolic loop
+            head, tail = spatial[: symbolic[-1] + 1], spatial[symbolic[-1] + 1 :]
+            self._parallel(sch.fuse(*head) if len(head) > 1 else head[0])
+            self.vectorize_injective(list(tail))
             return
         fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         ext = _extent(sch, fused) or 0
