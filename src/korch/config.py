@@ -76,6 +76,10 @@ class Settings:
     # once this share of the candidates is measured the guided rounds turn pessimistic
     # too (Note [Measurement share budget]); 0: no budget
     guided_share_budget: float = 0.15
+    # a measured kernel within this share of displacing the plan's choice is measured
+    # once more, and so is what it would displace; each keeps the faster of its two
+    # medians (Note [Confirming near ties]); 0: off
+    confirm_margin: float = 0.25
     # end to end, time the executable with num_threads and with 1 thread and keep the
     # faster (Note [Runtime threads]); cpu target only
     choose_threads: bool = True
