@@ -313,6 +313,7 @@ def cmd_guided(args) -> dict:
                 "predicted_only": r.get("candidates_predicted"),
                 "candidates_measured": r["candidates"] - (r.get("candidates_predicted") or 0),
                 "rounds": r.get("profiling_rounds"),
+                "confirmed": r.get("measurements_confirmed"),  # Note [Confirming near ties]
                 "share_round": r.get("profiling_share_round"),
                 "prediction_s": r.get("prediction_seconds"),
                 "optimize_s": round(secs, 1),
