@@ -496,3 +496,63 @@ def test_parallel_prediction_equals_serial():
     assert len(serial) == len(graphs) > 100
     assert parallel == serial
     assert sum(p is not None for _, p in serial) > 50
+
+
+def _confirm_on_mlp(monkeypatch, margin: float):
+    """Note [Confirming near ties] on mlp with every candidate measured by the oracle and
+    a fake second measurement: half the first for even hashes, double for odd ones.
+    Returns (ctx, first costs, results after, workloads asked for again, return value)."""
+    import korch.profile
+    from korch.orchestrate.guided import _confirm_near_ties
+    from korch.profile import Workload
+    from korch.profile.db import Measurement
+
+    ctx, _, truth, _, _ = _guided_on_mlp(profile_budget_s=0.0, confirm_margin=margin)
+    results, workloads = {}, {}
+    for c in ctx.candidates:
+        workloads[c.hash] = Workload(c.hash, c.kind, None, {}, c.backends)
+        for b in c.backends:
+            results[(c.hash, b)] = Measurement(c.hash, "cpu", b, "", "", "ok", truth[c.hash])
+    first = {h: truth[h] for h in workloads}
+    asked: list = []
+
+    def second_profile(ws, db, target, settings, progress=True, pool=None):
+        out = {}
+        for w in ws:
+            asked.append(w)
+            f = 0.5 if int(w.hash[-1], 16) % 2 == 0 else 2.0
+            (b,) = w.backends
+            out[(w.hash, b)] = Measurement(w.hash, "cpu", b, w.config, "", "ok", first[w.hash] * f)
+        return out, None
+
+    monkeypatch.setattr(korch.profile, "profile", second_profile)
+    got = _confirm_near_ties(ctx, workloads, results, None, None)
+    return ctx, first, results, asked, got
+
+
+def test_near_ties_are_measured_again_and_keep_the_faster_median(monkeypatch):
+    from korch.orchestrate import solve as blp
+    from korch.orchestrate.guided import CONFIRM_MAX
+
+    ctx, first, results, asked, (n, faster) = _confirm_on_mlp(monkeypatch, 0.25)
+    again = {w.hash for w in asked}
+    assert 0 < n == len(asked) == len(again) <= CONFIRM_MAX
+    assert faster == sum(1 for h in again if int(h[-1], 16) % 2 == 0)
+    # a second measurement has a database row of its own, on the backend that gave the cost
+    assert all(w.config.endswith("#2") and len(w.backends) == 1 for w in asked)
+    chosen = set()
+    for pi, part in enumerate(ctx.partitions):
+        cands = [c for c in ctx.candidates if c.partition == pi]
+        plan = blp(ctx.graph, part, [c.kernel for c in cands], [first[c.hash] for c in cands])
+        chosen |= {cands[i].hash for i in plan.chosen}
+    # both sides of a near tie: choices of the plan, and rivals that are not
+    assert again & chosen and again - chosen
+    for (h, _), m in results.items():
+        want = min(first[h], first[h] * (0.5 if int(h[-1], 16) % 2 == 0 else 2.0)) if h in again else first[h]
+        assert m.median_us == pytest.approx(want)
+
+
+def test_no_near_ties_are_confirmed_with_a_zero_margin(monkeypatch):
+    _, first, results, asked, got = _confirm_on_mlp(monkeypatch, 0.0)
+    assert got == (0, 0) and not asked
+    assert all(m.median_us == first[h] for (h, _), m in results.items())
