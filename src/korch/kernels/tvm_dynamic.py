@@ -129,6 +129,7 @@ class DynamicKernel:
         from korch.tiling.model import _dynamic_dims
 
         t0 = time.perf_counter()
+        _set_threads(num_threads)  # before TVM's pool starts (it reads TVM_NUM_THREADS once)
         desc = describe(kgraph)
         if not 0 <= axis < len(desc.axes):
             raise ValueError(f"axis {axis} out of range for a kernel with {len(desc.axes)} axes")
@@ -152,7 +153,6 @@ class DynamicKernel:
             func, report = schedule(lw.func, kgraph, cfg, lw.block_of, lw.copies)
             funcs[f"korch_dyn_{key}"] = func.with_attr("global_symbol", f"korch_dyn_{key}")
             self.reports[key] = report
-        _set_threads(num_threads)
         tvm = _tvm()
         self.lib = tvm.compile(tvm.IRModule(funcs), target=host_target(num_threads))
         self.funcs = {key: self.lib[f"korch_dyn_{key}"] for key in keys}
@@ -172,7 +172,7 @@ class DynamicKernel:
     def key(self, n: int) -> str:
         """The tiling key the tiling function's solution at extent ``n`` picks."""
         sol = self.tiling(n)
-        wide = sol is not None and (sol.cores > 1 or getattr(sol, "reduce_split", 1) > 1)
+        wide = sol is not None and (sol.cores > 1 or sol.reduce_split > 1)
         return "parallel" if wide and "parallel" in self.funcs else "serial"
 
     def extent_of(self, inputs: Sequence[np.ndarray]) -> int:
