@@ -7,9 +7,10 @@ def test_engines_alternate_in_blocks_and_drop_each_blocks_first_call():
     calls: list[str] = []
     fns = {k: (lambda k=k: calls.append(k)) for k in ("a", "b")}
     out = time_alternating(fns, rounds=4, block=3)
-    # two warm-up calls each, then per round a block of three per engine
+    # two warm-up calls each, then per round a block of three per engine, odd rounds
+    # in reverse order (no engine always runs right after the same other one)
     assert calls[:4] == ["a", "a", "b", "b"]
-    assert calls[4:] == (["a"] * 3 + ["b"] * 3) * 4
+    assert calls[4:] == (["a"] * 3 + ["b"] * 3 + ["b"] * 3 + ["a"] * 3) * 2
     assert out["a"]["runs"] == out["b"]["runs"] == 4 * 2
 
 
@@ -66,7 +67,7 @@ def test_quiesce_first_runs_before_each_block(monkeypatch):
     monkeypatch.setattr(C, "quiesce", lambda: log.append("q") or 0.0)
     fns = {k: (lambda k=k: log.append(k)) for k in ("a", "b")}
     C.time_alternating(fns, rounds=2, block=2, quiesce_first=True)
-    assert log[4:] == ["q", "a", "a", "q", "b", "b"] * 2
+    assert log[4:] == ["q", "a", "a", "q", "b", "b", "q", "b", "b", "q", "a", "a"]  # odd rounds reversed
 
 
 def test_slow_engines_get_blocks_of_two(monkeypatch):
