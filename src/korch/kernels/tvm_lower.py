@@ -135,9 +135,6 @@ class _Lowerer:
             return shape
         return tuple(self.dyn.n if j in self.dyn.dims[nid] else d for j, d in enumerate(shape))
 
-    def is_dyn(self, nid: int, dim: int) -> bool:
-        return self.dyn is not None and dim in self.dyn.dims.get(nid, ())
-
     def value(self, nid: int, idx) -> tirx.PrimExpr:
         node = self.g.nodes[nid]
         if node.is_scalar_const:

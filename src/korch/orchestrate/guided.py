@@ -319,7 +319,7 @@ def _confirm_near_ties(ctx, workloads: dict, results: dict, db, pool) -> tuple[i
     if not picked:
         return 0, 0
     again = [dc.replace(workloads[h], backends=(best[h][1],), config=workloads[h].config + "#2") for h in picked]
-    second, _ = profile(again, db, s.target, s, progress=False, pool=pool)
+    second, _ = profile(again, db, s.target, s, progress=s.progress, pool=pool)
     faster = 0
     for h in picked:
         b = best[h][1]
