@@ -503,7 +503,7 @@ def _confirm_on_mlp(monkeypatch, margin: float):
     a fake second measurement: half the first for even hashes, double for odd ones.
     Returns (ctx, first costs, results after, workloads asked for again, return value)."""
     import korch.profile
-    from korch.orchestrate.guided import _confirm_near_ties
+    from korch.orchestrate.confirm import confirm_near_ties
     from korch.profile import Workload
     from korch.profile.db import Measurement
 
@@ -526,13 +526,13 @@ def _confirm_on_mlp(monkeypatch, margin: float):
         return out, None
 
     monkeypatch.setattr(korch.profile, "profile", second_profile)
-    got = _confirm_near_ties(ctx, workloads, results, None, None)
+    got = confirm_near_ties(ctx, workloads, results, None, None)
     return ctx, first, results, asked, got
 
 
 def test_near_ties_are_measured_again_and_keep_the_faster_median(monkeypatch):
     from korch.orchestrate import solve as blp
-    from korch.orchestrate.guided import CONFIRM_MAX
+    from korch.orchestrate.confirm import CONFIRM_MAX
 
     ctx, first, results, asked, (n, faster) = _confirm_on_mlp(monkeypatch, 0.25)
     again = {w.hash for w in asked}
