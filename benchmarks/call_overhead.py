@@ -14,12 +14,10 @@ benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import time
 
 from korch.api import load
-from korch.bench.compare import random_feeds
+from korch.bench.compare import random_feeds, time_shuffled
 
 
 def main() -> None:
@@ -43,19 +41,7 @@ def main() -> None:
         "kernel": lambda: kernel(args_in),
         "session run": lambda: run(names, feed, None),
     }
-    per_round: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(args.rounds):
-        order = list(fns.items())
-        random.shuffle(order)
-        for name, fn in order:
-            for _ in range(3):
-                fn()
-            times = []
-            for _ in range(args.calls):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            per_round[name].append(statistics.median(times) * 1e6)
+    per_round = {k: [t * 1e6 for t in v] for k, v in time_shuffled(fns, args.rounds, args.calls).items()}
     base = statistics.median(per_round["session run"])
     for name, v in per_round.items():
         med = statistics.median(v)

@@ -13,14 +13,14 @@ median over rounds of each time over the full export's). A benchmark, not a test
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
-import time
 from unittest import mock
 
 import numpy as np
 import onnxruntime as ort
 from ort_ops import primitive_export
+
+from korch.bench.compare import time_shuffled
 
 PASSES = {"rows": "korch.ir.to_onnx.flatten_rows", "subpixel": "korch.ir.to_onnx.subpixel_convs"}
 
@@ -64,19 +64,7 @@ def main() -> None:
     for name, run in runs.items():
         err = max(float(np.max(np.abs(g - w)) / max(float(np.max(np.abs(w))), 1e-30)) for g, w in zip(run(), want))
         print(f"{name}: max relative error {err:.1e}")
-    per_round: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(args.rounds):
-        order = list(runs.items())
-        random.shuffle(order)
-        for name, run in order:
-            for _ in range(3):
-                run()
-            times = []
-            for _ in range(args.calls):
-                t0 = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - t0)
-            per_round[name].append(statistics.median(times) * 1e3)
+    per_round = {k: [t * 1e3 for t in v] for k, v in time_shuffled(runs, args.rounds, args.calls).items()}
     base = per_round["export"]
     for name, v in per_round.items():
         rel = statistics.median(x / b for x, b in zip(v, base))

@@ -1,6 +1,6 @@
 """Timing harness: engines alternate in blocks (Note [Timing in blocks])."""
 
-from korch.bench.compare import time_alternating
+from korch.bench.compare import time_alternating, time_shuffled
 
 
 def test_engines_alternate_in_blocks_and_drop_each_blocks_first_call():
@@ -84,3 +84,17 @@ def test_slow_engines_get_blocks_of_two(monkeypatch):
     assert out["a"]["block"] == 2 and out["a"]["runs"] == 4
     fast = C.time_alternating({"a": lambda: None}, rounds=2, block=None)
     assert fast["a"]["block"] >= 3
+
+
+def test_shuffled_rounds_give_one_median_per_round_per_engine():
+    calls = {"a": 0, "b": 0}
+
+    def engine(k):
+        def fn():
+            calls[k] += 1
+
+        return fn
+
+    out = time_shuffled({k: engine(k) for k in calls}, rounds=4, calls=5, warmup=2)
+    assert {k: len(v) for k, v in out.items()} == {"a": 4, "b": 4}
+    assert calls == {"a": 4 * (2 + 5), "b": 4 * (2 + 5)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -160,6 +161,30 @@ def time_alternating(
             "block": block,
         }
     return out
+
+
+def time_shuffled(
+    fns: dict[str, Callable[[], object]], rounds: int, calls: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Per engine, one median per round (seconds per call): each round runs the engines
+    in a fresh random order, ``warmup`` calls then ``calls`` timed ones each. For
+    in-process A/B scripts of microsecond calls (benchmarks/call_overhead.py,
+    export_passes.py), where a fixed order lets one engine always follow the same
+    other; compare engines round by round (the ratio of the two lists)."""
+    per_round: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        order = list(fns.items())
+        random.shuffle(order)
+        for name, fn in order:
+            for _ in range(warmup):
+                fn()
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            per_round[name].append(statistics.median(times))
+    return per_round
 
 
 def _block_ms(fn, n: int) -> list[float]:
