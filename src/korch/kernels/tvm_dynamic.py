@@ -33,7 +33,6 @@ a very different one may lose to a static compile at that extent, which is what
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 
@@ -42,7 +41,7 @@ import numpy as np
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.ops import GroupOp, Op
 from korch.kernels.base import ALIGN, aligned_copy
-from korch.kernels.tvm_backend import _address
+from korch.kernels.tvm_backend import _address, carve_outputs, output_layout
 from korch.kernels.tvm_tiling import TileConfig
 
 KEYS = ("serial", "parallel")
@@ -213,11 +212,7 @@ class DynamicKernel:
             if a.dtype != spec.dtype or not a.flags.c_contiguous or not a.flags.writeable or _address(a) % ALIGN:
                 a = aligned_copy(np.asarray(a, dtype=spec.dtype, order="C"))
             args.append(a)
-        # outputs carved out of one aligned allocation, as TvmKernel.__call__ does
-        # (``aligned_empty`` per output cost ~5 us a call)
-        buf = np.empty(plan.out_bytes + ALIGN, dtype=np.uint8)
-        base = (-_address(buf)) % ALIGN
-        outs = [buf[base + off : base + off + nb].view(dt).reshape(sh) for sh, dt, off, nb in plan.outs]
+        outs = carve_outputs(plan.outs, plan.out_bytes)
         self.calls[plan.key] += 1
         self.funcs[plan.key](*args, *outs, *self.hidden)
         return outs
@@ -228,13 +223,8 @@ class DynamicKernel:
         outputs' layout in one allocation."""
         if n < 1:
             raise ValueError(f"dynamic extent {n} < 1")
-        outs, total = [], 0
-        for spec in self.outputs:
-            shape = spec.at(n)
-            nbytes = math.prod(shape) * spec.dtype.itemsize
-            outs.append((shape, spec.dtype, total, nbytes))
-            total += -(-max(1, nbytes) // ALIGN) * ALIGN
-        plan = self._plans[n] = _Plan(self.key(n), tuple(spec.at(n) for spec in self.inputs), tuple(outs), total)
+        outs, total = output_layout([(spec.at(n), spec.dtype) for spec in self.outputs])
+        plan = self._plans[n] = _Plan(self.key(n), tuple(spec.at(n) for spec in self.inputs), outs, total)
         return plan
 
     def static_config(self, n: int) -> TileConfig:
