@@ -23,7 +23,11 @@ measured is of candidate kernels (``candidates_measured_share``: candidates whos
 came from a measurement); ``measurements`` counts (kernel, library) pairs, three for a
 linear kernel. The executables compared are the BLP's plans: the end-to-end plan check
 (which may replace either by one onnxruntime session) and the runtime thread choice are
-off unless ``--plan-check``, so the comparison is of what each profiling chose.
+off unless ``--plan-check``, so the comparison is of what each profiling chose;
+``--plan-check composed`` races the plans korch composes (the BLP's, region-biased,
+near ties, in place) end to end but leaves out the whole-graph onnxruntime plans.
+Each executable runs in ``--procs`` processes (``process_spread``: how far one
+executable's processes timed apart).
 Each run measures its kernels afresh, so both plans are also costed on the same
 measurements: ``objective_on_exhaustive_costs`` (the exhaustive run's) and
 ``objective_on_guided_costs`` (the guided run's, the exhaustive run's where it
@@ -226,11 +230,17 @@ def cmd_grid(args) -> dict:
 
 
 # --- guided ----------------------------------------------------------------------------------
-def _time_exes(dirs: list[Path], rounds: int) -> tuple[list[float], float]:
-    """Medians of the executables, each in a process of its own (Note [Engines in their
-    own processes]), timed alternately in blocks of about 100 ms (Note [Timing in
-    blocks]), and the first's round-by-round time relative to the second's (``rel``:
-    drift of the machine between rounds cancels)."""
+def _time_exes(dirs: list[Path], rounds: int, procs: int = 3) -> tuple[list[float], float, float]:
+    """Medians of the executables, each in ``procs`` processes of its own (Note [Engines
+    in their own processes]), all timed alternately in blocks of about 100 ms (Note
+    [Timing in blocks]); the first's round-by-round time relative to the second's
+    (``rel``: drift of the machine between rounds cancels); and the widest spread of one
+    executable's round-relative time over its processes (max over min).
+
+    Several processes per executable: one executable in two processes timed up to 1.19x
+    apart (mlp, eighth session: where a process's buffers land and which core its pools
+    get stay for its life), while three processes each of two of mlp's and yolo_block's
+    plans spread 1.7-3.5% (Dec 2 2026). A process's bias is averaged over ``procs``."""
     import korch
     from korch.bench.compare import time_alternating
     from korch.bench.isolate import EngineProcess
@@ -240,15 +250,20 @@ def _time_exes(dirs: list[Path], rounds: int) -> tuple[list[float], float]:
     feeds = {n: rng.standard_normal(s.shape).astype(s.dtype) for n, s in inputs.items()}
     fns = {}
     try:
-        for i, d in enumerate(dirs):
-            fns[str(i)] = EngineProcess("korch", d, feeds, [], 2)
-        per_call = statistics.median(fns["0"].block(5))
+        for p in range(procs):
+            for i, d in enumerate(dirs):
+                fns[f"{i}.{p}"] = EngineProcess("korch", d, feeds, [], 2)
+        per_call = statistics.median(fns["0.0"].block(5))
         block = max(3, min(30, math.ceil(100.0 / max(per_call, 1e-3))))
-        t = time_alternating(fns, rounds=rounds, block=block, max_seconds=30.0)
+        t = time_alternating(fns, rounds=rounds, block=block, max_seconds=30.0 * procs)
     finally:
         for e in fns.values():
             e.close()
-    return [t[str(i)]["median_ms"] for i in range(len(dirs))], t["0"]["rel"] / t["1"]["rel"]
+    keys = [[f"{i}.{p}" for p in range(procs)] for i in range(len(dirs))]
+    medians = [statistics.median(t[k]["median_ms"] for k in ks) for ks in keys]
+    rels = [math.exp(statistics.fmean(math.log(t[k]["rel"]) for k in ks)) for ks in keys]
+    spread = max(max(t[k]["rel"] for k in ks) / min(t[k]["rel"] for k in ks) for ks in keys)
+    return medians, rels[0] / rels[1], spread
 
 
 def _plan_key(plan: dict) -> tuple:
@@ -269,6 +284,18 @@ def _both_measured(db_a: Path, db_b: Path) -> list[tuple[float, float]]:
     # first measurements only: a "#2" row is a near tie's second one (Note [Confirming near ties])
     a, b = ({w: us for (w, cfg), us in _tvm_measured(db).items() if not cfg.endswith("#2")} for db in (db_a, db_b))
     return [(a[w], b[w]) for w in sorted(set(a) & set(b))]
+
+
+def _plan_check_settings(mode: str) -> dict:
+    """Settings for ``--plan-check``: "off", the BLP's plans; "composed", the plan check
+    racing korch's composed plans only (no whole-graph onnxruntime plans, which both
+    runs keep on most test models); "full", korch's own pipeline. The runtime thread
+    choice is korch's own only in "full"."""
+    if mode == "off":
+        return {"region_bias": (), "choose_threads": False}
+    if mode == "composed":
+        return {"whole_plans": False, "choose_threads": False}
+    return {}
 
 
 def cmd_guided(args) -> dict:
@@ -299,7 +326,7 @@ def cmd_guided(args) -> dict:
                 **({} if args.optimism is None else {"guided_optimism": args.optimism}),
                 **({} if args.tolerance is None else {"guided_tolerance": args.tolerance}),
                 **({} if args.share is None else {"guided_share_budget": args.share}),
-                **({} if args.plan_check else {"region_bias": (), "choose_threads": False}),
+                **_plan_check_settings(args.plan_check),
             )
             load0 = os.getloadavg()[0]
             t0 = time.perf_counter()
@@ -319,6 +346,8 @@ def cmd_guided(args) -> dict:
                 "optimize_s": round(secs, 1),
                 "profile_s": r["stage_seconds"].get("profile"),
                 "sum_of_kernel_costs_us": r["predicted_latency_us"],
+                "plan_kept": (r.get("plan_check") or {}).get("kept"),
+                "plans_raced": sorted((r.get("plan_check") or {}).get("ms", {})),
                 "loadavg": round(load0, 2),
             }
             if mode == "exhaustive":
@@ -355,10 +384,11 @@ def cmd_guided(args) -> dict:
         # end-to-end timing of two copies of it says (Note [Engines in their own processes])
         plans = [json.loads((tmp / f"{name}-{m}" / "plan.json").read_text()) for m in ("guided", "exhaustive")]
         res["same_plan"] = len({json.dumps(_plan_key(p)) for p in plans}) == 1
-        lat, rel = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds)
+        lat, rel, spread = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds, args.procs)
         res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
         res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
         res["guided_over_exhaustive_rel"] = round(rel, 4)  # round by round, drift cancelled
+        res["process_spread"] = round(spread, 4)  # one executable over its processes
         # both plans on the exhaustive run's measurements: the guided plan's loss with
         # no re-measurement noise (each run measures its kernels afresh)
         chosen = {m: res[m].pop("chosen") for m in ("guided", "exhaustive")}
@@ -394,7 +424,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tile-configs", default="model", choices=["model", "rule"])
     p.add_argument("--verbose", action="store_true", help="grid: print every config's time")
-    p.add_argument("--plan-check", action="store_true", help="guided: keep the end-to-end plan check")
+    p.add_argument(
+        "--plan-check",
+        nargs="?",
+        const="full",
+        default="off",
+        choices=["off", "full", "composed"],
+        help="guided: the end-to-end plan check: off (BLP plans), full (korch's), composed (no whole-graph plans)",
+    )
+    p.add_argument("--procs", type=int, default=3, help="guided: processes per executable in the end-to-end timing")
     p.add_argument("--optimism", type=float, default=None, help="guided: Settings.guided_optimism (z)")
     p.add_argument("--tolerance", type=float, default=None, help="guided: Settings.guided_tolerance")
     p.add_argument("--share", type=float, default=None, help="guided: Settings.guided_share_budget")

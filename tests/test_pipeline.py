@@ -8,6 +8,7 @@ second optimization measures nothing new.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -515,3 +516,43 @@ def test_lean_check_keeps_a_one_kernel_plan_unless_clearly_beaten():
     assert _lean_keep(clear) == "regions x0.4"
     assert _lean_keep({"blp": 5.0, "regions x0.7": 4.0}) == "regions x0.7"  # no one-kernel plan
     assert _lean_keep({"the model": 3.0, "one region": 2.0}) == "one region"
+
+
+def test_near_tie_plan_makes_only_kernels_outside_the_plan_cheaper():
+    """Note [End-to-end plan check], near ties: the kernels of the BLP's plan keep their
+    cost, every other one is ``confirm_margin`` cheaper (an unmeasured one stays
+    infinite); with no margin there is no near-tie plan."""
+    import types
+
+    from korch.plans import _near_tie_costs
+
+    cands = [
+        types.SimpleNamespace(partition=0, kernel=types.SimpleNamespace(nodes=(1, 2)), cost_us=10.0),
+        types.SimpleNamespace(partition=0, kernel=types.SimpleNamespace(nodes=(1,)), cost_us=8.0),
+        types.SimpleNamespace(partition=1, kernel=types.SimpleNamespace(nodes=(1, 2)), cost_us=4.0),
+        types.SimpleNamespace(partition=1, kernel=types.SimpleNamespace(nodes=(3,)), cost_us=math.inf),
+    ]
+    ctx = types.SimpleNamespace(settings=Settings(confirm_margin=0.25))
+    [(name, cost)] = _near_tie_costs(ctx, [cands[0]])
+    assert name == "near ties"
+    assert [cost(c) for c in cands] == [10.0, 6.0, 3.0, math.inf]
+    assert _near_tie_costs(types.SimpleNamespace(settings=Settings(confirm_margin=0.0)), [cands[0]]) == []
+
+
+def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp_path):
+    """``Settings.whole_plans`` False: the plan check times no plan of one onnxruntime
+    kernel over the whole graph, only the plans korch composed (the BLP's, region-biased,
+    near ties, in place), keeps the fastest by round-relative time, and it matches."""
+    from korch.plans import WHOLE_PLANS
+
+    compiled = korch.optimize(
+        build("yolo_block"),
+        output_dir=tmp_path,
+        settings=settings.replace(library_regions=3, region_bias=(0.7, 0.4), whole_plans=False),
+    )
+    pc = compiled.report["plan_check"]
+    assert "blp" in pc["ms"] and not set(WHOLE_PLANS) & set(pc["ms"])
+    assert pc["rel"][pc["kept"]] == min(pc["rel"].values())
+    assert set(pc["ms"]) <= {"blp", "regions x0.7", "regions x0.4", "near ties", "in place 1", "in place 2"}
+    assert compiled.report["max_rel_error"] <= TOL
+    _check_order(compiled)

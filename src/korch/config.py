@@ -48,6 +48,10 @@ class Settings:
     # end-to-end plan check (Note [End-to-end plan check] in plans.py): the BLP again
     # with region costs times each factor, every distinct plan built and timed; () is off
     region_bias: tuple[float, ...] = (0.7, 0.4)
+    # ... and the whole graph as one onnxruntime kernel among the plans, kept unless a
+    # composed plan beats it (Note [Keeping a plan over the baseline]); False races the
+    # composed plans only (benchmarks/tiling_integration.py guided --plan-check composed)
+    whole_plans: bool = True
     # ... and the BLP again on the costs its plan's kernels show in place, this many times
     in_place_rounds: int = 2
     # profiling

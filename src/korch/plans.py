@@ -43,6 +43,17 @@ log = logging.getLogger("korch")
 # linear, region ...), and the per-call dispatch of the run added to every kernel. The
 # new plan is timed in place the same way, ``Settings.in_place_rounds`` times or until
 # a plan repeats; each is one more plan for the end-to-end timing.
+#
+# Near ties are raced too: the BLP again with every kernel outside its plan made
+# ``Settings.confirm_margin`` cheaper ("near ties"), the plan the measurements cannot
+# tell from the BLP's (Note [Confirming near ties]). Two such plans of yolo_block, 1.03
+# and 0.99 of each other on two runs' kernel costs, ran 0.38 and 0.49 ms end to end:
+# seven kernels of three libraries, each pool woken in turn, against two onnxruntime
+# regions (Dec 2 2026, three processes each, alternated).
+#
+# ``Settings.whole_plans`` False leaves out the plans of one onnxruntime kernel over
+# the whole graph, so that only plans korch composed are raced: what
+# ``benchmarks/tiling_integration.py guided --plan-check composed`` compares.
 
 
 def step_plans(ctx: P.Context) -> None:
@@ -59,26 +70,10 @@ def step_plans(ctx: P.Context) -> None:
         _lean_plans(ctx, base, seen, feeds)
         return
     plans = {"blp": (ctx.chosen, ctx.executable)}
-    # the whole graph as one region: what onnxruntime makes of korch's primitive graph
-    # (rewritten, raised), one call; kept only when nothing korch composed beats it
-    try:
-        if _memory_full(ctx):
-            raise MemoryError("plan check: memory full")
-        plans["one region"] = _one_region_plan(ctx)
-    except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
-        log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
-    if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
-        try:
-            plans["one region, unrewritten"] = _unrewritten_plan(ctx)
-        except Exception as e:  # noqa: BLE001
-            log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
-    if not _memory_full(ctx):
-        try:
-            plans[MODEL_PLAN] = _model_plan(ctx)
-        except Exception as e:  # noqa: BLE001
-            log.info("plan check: the model as one onnxruntime kernel failed: %s", e)
+    if s.whole_plans:
+        _add_whole_plans(ctx, plans)
     # (after the one-region plans: when memory runs short those matter most)
-    for name, cost in _bias_costs(ctx):
+    for name, cost in _bias_costs(ctx) + _near_tie_costs(ctx, base):
         _add_plan(ctx, plans, seen, name, cost)
     scales = _in_place_plans(ctx, plans, seen, feeds)
     ctx.chosen = base
@@ -102,6 +97,28 @@ def step_plans(ctx: P.Context) -> None:
             "in_place_scale": scales,
         }
     )
+
+
+def _add_whole_plans(ctx: P.Context, plans: dict) -> None:
+    """The plans of one onnxruntime kernel over the whole graph, those that build."""
+    # the whole graph as one region: what onnxruntime makes of korch's primitive graph
+    # (rewritten, raised), one call; kept only when nothing korch composed beats it
+    try:
+        if _memory_full(ctx):
+            raise MemoryError("plan check: memory full")
+        plans["one region"] = _one_region_plan(ctx)
+    except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
+        log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
+    if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
+        try:
+            plans["one region, unrewritten"] = _unrewritten_plan(ctx)
+        except Exception as e:  # noqa: BLE001
+            log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
+    if not _memory_full(ctx):
+        try:
+            plans[MODEL_PLAN] = _model_plan(ctx)
+        except Exception as e:  # noqa: BLE001
+            log.info("plan check: the model as one onnxruntime kernel failed: %s", e)
 
 
 # Note [The model as a plan]
@@ -189,6 +206,20 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
     ]
 
 
+def _near_tie_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+    """The near-tie cost function (Note [End-to-end plan check]): every kernel outside
+    ``base``, the BLP's plan, ``Settings.confirm_margin`` cheaper."""
+    margin = float(ctx.settings.confirm_margin)
+    if margin <= 0:
+        return []
+    inside = {(c.partition, c.kernel.nodes) for c in base}
+
+    def cost(c: P.Candidate) -> float:
+        return c.cost_us if (c.partition, c.kernel.nodes) in inside else c.cost_us * (1.0 - margin)
+
+    return [("near ties", cost)]
+
+
 # Note [Lean plan check]
 # ~~~~~~~~~~~~~~~~~~~~~~
 # The alternating timing keeps every plan built at once. A batch-16 Segformer's plans
@@ -266,11 +297,13 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
     timed("blp", exe, functools.partial(build_chosen, base))
     del exe
     gc.collect()  # an executable holds reference cycles: free it before the next is built
-    tries: list[tuple[str, Callable[[], tuple[list, Any] | None]]] = [("one region", lambda: _one_region_plan(ctx))]
-    if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
-        tries.append(("one region, unrewritten", lambda: _unrewritten_plan(ctx)))
-    tries.append((MODEL_PLAN, lambda: _model_plan(ctx)))
-    for name, cost in _bias_costs(ctx):
+    tries: list[tuple[str, Callable[[], tuple[list, Any] | None]]] = []
+    if s.whole_plans:
+        tries.append(("one region", lambda: _one_region_plan(ctx)))
+        if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
+            tries.append(("one region, unrewritten", lambda: _unrewritten_plan(ctx)))
+        tries.append((MODEL_PLAN, lambda: _model_plan(ctx)))
+    for name, cost in _bias_costs(ctx) + _near_tie_costs(ctx, base):
 
         def biased(cost=cost) -> tuple[list, Any] | None:
             alt = _new_choice(ctx, seen, cost)
