@@ -27,7 +27,9 @@ off unless ``--plan-check``, so the comparison is of what each profiling chose;
 ``--plan-check composed`` races the plans korch composes (the BLP's, region-biased,
 near ties, in place) end to end but leaves out the whole-graph onnxruntime plans.
 Each executable runs in ``--procs`` processes (``process_spread``: how far one
-executable's processes timed apart; ``process_rel``: each one's round-relative time).
+executable's processes timed apart; ``process_rel``: each one's round-relative time),
+and the exhaustive plan runs a second time as a control in the same rounds
+(``control_over_exhaustive_rel``: a plan against itself, what the timing resolves).
 Each run measures its kernels afresh, so both plans are also costed on the same
 measurements: ``objective_on_exhaustive_costs`` (the exhaustive run's) and
 ``objective_on_guided_costs`` (the guided run's, the exhaustive run's where it
@@ -230,18 +232,19 @@ def cmd_grid(args) -> dict:
 
 
 # --- guided ----------------------------------------------------------------------------------
-def _time_exes(dirs: list[Path], rounds: int, procs: int = 3) -> tuple[list[float], float, list[list[float]]]:
+def _time_exes(dirs: list[Path], rounds: int, procs: int = 3) -> tuple[list[float], list[float], list[list[float]]]:
     """Medians of the executables, each in ``procs`` processes of its own (Note [Engines
     in their own processes]), all timed alternately in blocks of about 100 ms (Note
-    [Timing in blocks]); the first's round-by-round time relative to the second's
-    (``rel``: drift of the machine between rounds cancels), each executable's the median
+    [Timing in blocks]); each one's round-by-round time relative to the last one's
+    (``rel``: drift of the machine between rounds cancels), an executable's the median
     over its processes; and every process's round-relative time, per executable.
 
     Several processes per executable: one executable in two processes timed up to 1.19x
     apart (mlp, eighth session: where a process's buffers land and which core its pools
     get stay for its life), while three processes each of two of mlp's and yolo_block's
     plans spread 1.7-3.5% (Dec 2 2026). One process of three can still be off by 13%
-    (opaque, the same day), so the median over processes, not their mean."""
+    (opaque, the same day), so the median over processes, not their mean. The same
+    directory may be given twice: the control (a plan against itself)."""
     import korch
     from korch.bench.compare import time_alternating
     from korch.bench.isolate import EngineProcess
@@ -263,7 +266,7 @@ def _time_exes(dirs: list[Path], rounds: int, procs: int = 3) -> tuple[list[floa
     keys = [[f"{i}.{p}" for p in range(procs)] for i in range(len(dirs))]
     medians = [statistics.median(t[k]["median_ms"] for k in ks) for ks in keys]
     rels = [[t[k]["rel"] for k in ks] for ks in keys]
-    return medians, statistics.median(rels[0]) / statistics.median(rels[1]), rels
+    return medians, [statistics.median(r) / statistics.median(rels[-1]) for r in rels], rels
 
 
 def _plan_key(plan: dict) -> tuple:
@@ -384,12 +387,18 @@ def cmd_guided(args) -> dict:
         # end-to-end timing of two copies of it says (Note [Engines in their own processes])
         plans = [json.loads((tmp / f"{name}-{m}" / "plan.json").read_text()) for m in ("guided", "exhaustive")]
         res["same_plan"] = len({json.dumps(_plan_key(p)) for p in plans}) == 1
-        lat, rel, per_proc = _time_exes([tmp / f"{name}-guided", tmp / f"{name}-exhaustive"], args.rounds, args.procs)
-        res["latency_ms"] = {"guided": round(lat[0], 4), "exhaustive": round(lat[1], 4)}
-        res["guided_over_exhaustive"] = round(lat[0] / lat[1], 4)
-        res["guided_over_exhaustive_rel"] = round(rel, 4)  # round by round, drift cancelled
+        # the control: the exhaustive plan against itself, in processes of its own, in
+        # the same rounds (identical executables once timed 0.885 apart in a run, 1.00
+        # right after: the resolution of this comparison at that moment)
+        ex = tmp / f"{name}-exhaustive"
+        labels = ("guided", "control", "exhaustive")
+        lat, rel, per_proc = _time_exes([tmp / f"{name}-guided", ex, ex], args.rounds, args.procs)
+        res["latency_ms"] = {m: round(x, 4) for m, x in zip(labels, lat)}
+        res["guided_over_exhaustive"] = round(lat[0] / lat[2], 4)
+        res["guided_over_exhaustive_rel"] = round(rel[0], 4)  # round by round, drift cancelled
+        res["control_over_exhaustive_rel"] = round(rel[1], 4)
         # one executable over its processes: the timing's own resolution
-        res["process_rel"] = {m: [round(x, 3) for x in r] for m, r in zip(("guided", "exhaustive"), per_proc)}
+        res["process_rel"] = {m: [round(x, 3) for x in r] for m, r in zip(labels, per_proc)}
         res["process_spread"] = round(max(max(r) / min(r) for r in per_proc), 4)
         # both plans on the exhaustive run's measurements: the guided plan's loss with
         # no re-measurement noise (each run measures its kernels afresh)
