@@ -521,10 +521,11 @@ def test_lean_check_keeps_a_one_kernel_plan_unless_clearly_beaten():
 def test_near_tie_plan_makes_only_kernels_outside_the_plan_cheaper():
     """Note [End-to-end plan check], near ties: the kernels of the BLP's plan keep their
     cost, every other one is ``confirm_margin`` cheaper (an unmeasured one stays
-    infinite); with no margin there is no near-tie plan."""
+    infinite); with no margin there is no near-tie plan. The fewer-kernels plan charges
+    every kernel FEWER_KERNELS_US more."""
     import types
 
-    from korch.plans import _near_tie_costs
+    from korch.plans import FEWER_KERNELS_US, _near_tie_costs
 
     cands = [
         types.SimpleNamespace(partition=0, kernel=types.SimpleNamespace(nodes=(1, 2)), cost_us=10.0),
@@ -533,10 +534,13 @@ def test_near_tie_plan_makes_only_kernels_outside_the_plan_cheaper():
         types.SimpleNamespace(partition=1, kernel=types.SimpleNamespace(nodes=(3,)), cost_us=math.inf),
     ]
     ctx = types.SimpleNamespace(settings=Settings(confirm_margin=0.25))
-    [(name, cost)] = _near_tie_costs(ctx, [cands[0]])
-    assert name == "near ties"
+    [(name, cost), (name2, cost2)] = _near_tie_costs(ctx, [cands[0]])
+    assert (name, name2) == ("near ties", "fewer kernels")
     assert [cost(c) for c in cands] == [10.0, 6.0, 3.0, math.inf]
-    assert _near_tie_costs(types.SimpleNamespace(settings=Settings(confirm_margin=0.0)), [cands[0]]) == []
+    f = FEWER_KERNELS_US
+    assert [cost2(c) for c in cands] == [10.0 + f, 8.0 + f, 4.0 + f, math.inf]
+    [(name, _)] = _near_tie_costs(types.SimpleNamespace(settings=Settings(confirm_margin=0.0)), [cands[0]])
+    assert name == "fewer kernels"
 
 
 def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp_path):
@@ -553,6 +557,7 @@ def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp
     pc = compiled.report["plan_check"]
     assert "blp" in pc["ms"] and not set(WHOLE_PLANS) & set(pc["ms"])
     assert pc["rel"][pc["kept"]] == min(pc["rel"].values())
-    assert set(pc["ms"]) <= {"blp", "regions x0.7", "regions x0.4", "near ties", "in place 1", "in place 2"}
+    raced = {"blp", "regions x0.7", "regions x0.4", "near ties", "fewer kernels", "in place 1", "in place 2"}
+    assert set(pc["ms"]) <= raced
     assert compiled.report["max_rel_error"] <= TOL
     _check_order(compiled)

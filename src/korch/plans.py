@@ -51,6 +51,14 @@ log = logging.getLogger("korch")
 # seven kernels of three libraries, each pool woken in turn, against two onnxruntime
 # regions (Dec 2 2026, three processes each, alternated).
 #
+# So are plans of fewer kernels: the BLP again with ``FEWER_KERNELS_US`` added to every
+# kernel ("fewer kernels"). Each kernel costs more in place than measured alone, and a
+# chain of small kernels more than one kernel over it: segformer_block's plan of 17
+# kernels ran 8% slower than one of 14 whose kernel costs tied with it (0.996 / 1.003),
+# 40 us more, where four kernels (64 us measured) stood for one onnxruntime region
+# (61-65 us); yolo_block's plan of 7 kernels ran 60 us over its plan of 2 beyond what
+# their kernel costs said (Dec 2 2026, fourteenth session): 12-13 us a kernel.
+#
 # ``Settings.whole_plans`` False leaves out the plans of one onnxruntime kernel over
 # the whole graph, so that only plans korch composed are raced: what
 # ``benchmarks/tiling_integration.py guided --plan-check composed`` compares.
@@ -206,18 +214,23 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
     ]
 
 
+# what each kernel of a plan is charged beyond its measured time in the "fewer
+# kernels" plan (Note [End-to-end plan check])
+FEWER_KERNELS_US = 10.0
+
+
 def _near_tie_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
-    """The near-tie cost function (Note [End-to-end plan check]): every kernel outside
-    ``base``, the BLP's plan, ``Settings.confirm_margin`` cheaper."""
+    """The near-tie cost functions (Note [End-to-end plan check]): every kernel outside
+    ``base``, the BLP's plan, ``Settings.confirm_margin`` cheaper; and every kernel
+    ``FEWER_KERNELS_US`` dearer."""
     margin = float(ctx.settings.confirm_margin)
-    if margin <= 0:
-        return []
     inside = {(c.partition, c.kernel.nodes) for c in base}
 
     def cost(c: P.Candidate) -> float:
         return c.cost_us if (c.partition, c.kernel.nodes) in inside else c.cost_us * (1.0 - margin)
 
-    return [("near ties", cost)]
+    fewer: tuple[str, Callable[[P.Candidate], float]] = ("fewer kernels", lambda c: c.cost_us + FEWER_KERNELS_US)
+    return ([("near ties", cost)] if margin > 0 else []) + [fewer]
 
 
 # Note [Lean plan check]
