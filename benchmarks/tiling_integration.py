@@ -25,7 +25,7 @@ linear kernel. The executables compared are the BLP's plans: the end-to-end plan
 (which may replace either by one onnxruntime session) and the runtime thread choice are
 off unless ``--plan-check``, so the comparison is of what each profiling chose;
 ``--plan-check composed`` races the plans korch composes (the BLP's, region-biased,
-near ties, in place) end to end but leaves out the whole-graph onnxruntime plans.
+near ties, fewer kernels, in place) end to end but leaves out the whole-graph onnxruntime plans.
 Each executable runs in ``--procs`` processes (``process_spread``: how far one
 executable's processes timed apart; ``process_rel``: each one's round-relative time),
 and the exhaustive plan runs a second time as a control in the same rounds

@@ -546,7 +546,7 @@ def test_near_tie_plan_makes_only_kernels_outside_the_plan_cheaper():
 def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp_path):
     """``Settings.whole_plans`` False: the plan check times no plan of one onnxruntime
     kernel over the whole graph, only the plans korch composed (the BLP's, region-biased,
-    near ties, in place), keeps the fastest by round-relative time, and it matches."""
+    near ties, fewer kernels, in place), keeps the fastest by round-relative time, and it matches."""
     from korch.plans import WHOLE_PLANS
 
     compiled = korch.optimize(

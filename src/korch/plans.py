@@ -81,7 +81,7 @@ def step_plans(ctx: P.Context) -> None:
     if s.whole_plans:
         _add_whole_plans(ctx, plans)
     # (after the one-region plans: when memory runs short those matter most)
-    for name, cost in _bias_costs(ctx) + _near_tie_costs(ctx, base):
+    for name, cost in _alternative_costs(ctx, base):
         _add_plan(ctx, plans, seen, name, cost)
     scales = _in_place_plans(ctx, plans, seen, feeds)
     ctx.chosen = base
@@ -219,6 +219,12 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
 FEWER_KERNELS_US = 10.0
 
 
+def _alternative_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+    """Every cost function the BLP is solved again on for the plan check (Note
+    [End-to-end plan check]): region-biased, near ties, fewer kernels."""
+    return _bias_costs(ctx) + _near_tie_costs(ctx, base)
+
+
 def _near_tie_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
     """The near-tie cost functions (Note [End-to-end plan check]): every kernel outside
     ``base``, the BLP's plan, ``Settings.confirm_margin`` cheaper; and every kernel
@@ -229,8 +235,10 @@ def _near_tie_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.C
     def cost(c: P.Candidate) -> float:
         return c.cost_us if (c.partition, c.kernel.nodes) in inside else c.cost_us * (1.0 - margin)
 
-    fewer: tuple[str, Callable[[P.Candidate], float]] = ("fewer kernels", lambda c: c.cost_us + FEWER_KERNELS_US)
-    return ([("near ties", cost)] if margin > 0 else []) + [fewer]
+    def fewer(c: P.Candidate) -> float:
+        return c.cost_us + FEWER_KERNELS_US
+
+    return ([("near ties", cost)] if margin > 0 else []) + [("fewer kernels", fewer)]
 
 
 # Note [Lean plan check]
@@ -316,7 +324,7 @@ def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
         if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
             tries.append(("one region, unrewritten", lambda: _unrewritten_plan(ctx)))
         tries.append((MODEL_PLAN, lambda: _model_plan(ctx)))
-    for name, cost in _bias_costs(ctx) + _near_tie_costs(ctx, base):
+    for name, cost in _alternative_costs(ctx, base):
 
         def biased(cost=cost) -> tuple[list, Any] | None:
             alt = _new_choice(ctx, seen, cost)
