@@ -4,7 +4,7 @@
 
 For every memory-bound kernel of ``benchmarks/tiling_quality.py``'s set (the example
 suite and up to N kernels per test model) and its first dynamic axis (Note [Dynamic
-kernels] in ``korch/kernels/tvm_dynamic.py``), compiles one ``DynamicKernel`` and runs
+kernels] in ``korch/kernels/tvm/dynamic.py``), compiles one ``DynamicKernel`` and runs
 it at several extents around the build one. At each extent it checks the outputs
 against the reference interpreter and times, alternating in rounds (medians):
 
@@ -35,9 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiling_quality import model_kernels  # noqa: E402
 
 from korch.ir.interp import evaluate  # noqa: E402
-from korch.kernels.tvm_backend import TvmBackend, vector_bytes  # noqa: E402
-from korch.kernels.tvm_dynamic import DynamicKernel, dynamic_axes, graph_at  # noqa: E402
-from korch.kernels.tvm_tiling import tile_config_from_solution  # noqa: E402
+from korch.kernels.tvm.backend import TvmBackend, vector_bytes  # noqa: E402
+from korch.kernels.tvm.dynamic import DynamicKernel, dynamic_axes, graph_at  # noqa: E402
+from korch.kernels.tvm.tiling import tile_config_from_solution  # noqa: E402
 from korch.profile.timing import random_inputs, time_kernel  # noqa: E402
 from korch.tiling import examples  # noqa: E402
 from korch.tiling.describe import describe  # noqa: E402

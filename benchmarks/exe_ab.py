@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from korch.executable import Executable
-from korch.kernels.ort_backend import _session
+from korch.kernels.ort.backend import make_session
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    sess = _session(open(args.model, "rb").read(), args.threads)
+    sess = make_session(open(args.model, "rb").read(), args.threads)
     rng = np.random.default_rng(0)
     feeds = {
         i.name: rng.standard_normal([int(d) for d in i.shape]).astype(np.float32)

@@ -3,7 +3,7 @@
     python benchmarks/export_passes.py MODEL.onnx [--pass rows] [--rewrite] [--rounds 15]
 
 Exports korch's fissioned graph (``--rewrite``: after the search's rewrites) as one
-onnxruntime model the way ``korch.ir.to_onnx`` does, once with every export pass and
+onnxruntime model the way ``korch.kernels.ort.export`` does, once with every export pass and
 once with ``--pass`` (``rows``: Note [Row islands]; ``subpixel``: Note [Sub-pixel
 convolution]) left out, and times both and the model itself in one process,
 onnxruntime with 2 threads, in shuffled order round by round (medians; ``rel``: the
@@ -22,7 +22,7 @@ from ort_ops import primitive_export
 
 from korch.bench.compare import time_shuffled
 
-PASSES = {"rows": "korch.ir.to_onnx.flatten_rows", "subpixel": "korch.ir.to_onnx.subpixel_convs"}
+PASSES = {"rows": "korch.kernels.ort.export.flatten_rows", "subpixel": "korch.kernels.ort.export.subpixel_convs"}
 
 
 def _session(model: bytes | str, threads: int):

@@ -1,7 +1,7 @@
 """What fission alone is worth (Korch paper, Fig. 7): onnxruntime on the primitive graph.
 
 For each model, the original ONNX model, its fissioned primitive graph and the
-fissioned+rewritten primitive graph (both exported with ``korch.ir.to_onnx``) run in
+fissioned+rewritten primitive graph (both exported with ``korch.kernels.ort.export``) run in
 onnxruntime with the same thread count, all graph optimizations and no spinning thread
 pools (three sessions alternate, and an idle session's spinning pool would steal the
 cores from the running one: Note [No spinning thread pools]); the engines alternate
@@ -25,7 +25,7 @@ from korch.bench.compare import max_rel_error, random_feeds, time_alternating
 from korch.config import Settings
 from korch.fission import fission
 from korch.frontend import load_model, parse_shape_arg
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
 from korch.models import NAMES, build
 from korch.rewrite import optimize_graph
 

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from korch import pipeline as P
 from korch.config import Settings
 from korch.ir.subgraph import extract, make_kernel
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
 
 
 def primitive_export(model: str, rewrite: bool) -> bytes:

@@ -80,7 +80,7 @@ def _spearman(a, b) -> float:
 def grid_configs(g, num_threads: int, vb: int, extra=()) -> list:
     import dataclasses
 
-    from korch.kernels.tvm_tiling import _closest_inner_tile, _itemsize, _stored_and_pmax, default_tile_config
+    from korch.kernels.tvm.tiling import _closest_inner_tile, _itemsize, _stored_and_pmax, default_tile_config
 
     base = default_tile_config(g, num_threads, vb)
     node = g.nodes[base.anchor]
@@ -139,8 +139,8 @@ def _memory_kernels(name: str):
 
 
 def cmd_grid(args) -> dict:
-    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
-    from korch.kernels.tvm_tiling import default_tile_config, model_tile_config
+    from korch.kernels.tvm.backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm.tiling import default_tile_config, model_tile_config
     from korch.pipeline import _kernel_consts
     from korch.profile.timing import check_outputs, random_inputs, time_kernel
 
@@ -304,8 +304,8 @@ def _plan_check_settings(mode: str) -> dict:
 def cmd_guided(args) -> dict:
     from korch.config import Settings
     from korch.ir.subgraph import extract
-    from korch.kernels.tvm_backend import vector_bytes
-    from korch.kernels.tvm_tiling import config_key
+    from korch.kernels.tvm.backend import vector_bytes
+    from korch.kernels.tvm.tiling import config_key
     from korch.models import build
     from korch.orchestrate.guided import _tile_and_predict
     from korch.pipeline import run_pipeline, save_outputs

@@ -15,7 +15,7 @@ from korch.bench.compare import max_rel_error, ort_session
 from korch.cli import _settings, build_parser
 from korch.config import Settings
 from korch.ir import Op, evaluate, print_graph
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
 from korch.models import build, random_inputs
 from korch.pipeline import STEPS, Context
 

@@ -5,7 +5,7 @@ import os
 # Before any OpenMP runtime loads (torch's): OpenMP workers that spin after a parallel
 # region steal the cores the next library's kernel needs. Measured on segformer_block
 # (2 threads, quiet machine): 32 ms end to end with the default policy, 2.7 ms passive.
-# See Note [No spinning thread pools] in korch/kernels/tvm_backend.py.
+# See Note [No spinning thread pools] in korch/kernels/tvm/backend.py.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 

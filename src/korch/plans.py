@@ -441,7 +441,7 @@ def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
     applied to this graph too: they are for onnxruntime. The kernel reads the graph
     inputs and writes the graph outputs, matched to ``ctx.graph``'s by name.
     """
-    from korch.ir.to_onnx import to_onnx
+    from korch.kernels.ort.export import to_onnx
 
     g, pre = ctx.graph, ctx.fissioned
     assert g is not None and pre is not None
@@ -476,11 +476,11 @@ def _whole_plan(ctx: P.Context, model: bytes, feeds, outs, digest: str) -> tuple
     """A plan of one onnxruntime kernel over the whole of ``ctx.graph``: ``feeds`` are
     (kernel input, graph input) names, ``outs`` (kernel output, graph output) names."""
     from korch.executable import Executable, Step, TensorSpec, plan_buffers
-    from korch.kernels.ort_backend import OrtKernel, _session
+    from korch.kernels.ort.backend import OrtKernel, make_session
 
     g = ctx.graph
     kernel = OrtKernel(
-        _session(model, ctx.settings.num_threads, spin=True),
+        make_session(model, ctx.settings.num_threads, spin=True),
         [f for f, _ in feeds],
         range(len(feeds)),
         [o for o, _ in outs],

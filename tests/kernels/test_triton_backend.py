@@ -26,9 +26,9 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from korch.ir import GraphBuilder, Op, evaluate  # noqa: E402
-from korch.kernels.triton_backend import TritonBackend  # noqa: E402
-from korch.kernels.triton_lower import TritonConfig, unsupported_reason  # noqa: E402
-from korch.kernels.triton_tiling import MAX_TILE, choose_and_generate, heuristic_config, model_tile  # noqa: E402
+from korch.kernels.triton.backend import TritonBackend  # noqa: E402
+from korch.kernels.triton.lower import TritonConfig, unsupported_reason  # noqa: E402
+from korch.kernels.triton.tiling import MAX_TILE, choose_and_generate, heuristic_config, model_tile  # noqa: E402
 from korch.tiling import examples as E  # noqa: E402
 
 F = "float32"
@@ -348,7 +348,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     r = subprocess.run(
-        [sys.executable, "-m", "korch.kernels.triton_backend", str(tmp_path / "metas.json")],
+        [sys.executable, "-m", "korch.kernels.triton.backend", str(tmp_path / "metas.json")],
         env=env,
         capture_output=True,
         text=True,
@@ -361,7 +361,7 @@ def test_generated_kernels_compile_for_sm90(tmp_path):
 
 # --- torch_cuda (linear) on CPU tensors ------------------------------------------------------
 def test_torch_cuda_linear_with_epilogue():
-    from korch.kernels.torch_cuda_backend import TorchCudaBackend
+    from korch.kernels.library.torch_cuda import TorchCudaBackend
 
     b = GraphBuilder()
     a, w = b.input("in0", (6, 8), F), b.input("in1_c", (8, 5), F)

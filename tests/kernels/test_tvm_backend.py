@@ -20,8 +20,8 @@ from korch.ir import GraphBuilder, Op, evaluate
 tvm = pytest.importorskip("tvm")
 
 from korch.kernels.base import aligned_empty, get_backend  # noqa: E402
-from korch.kernels.tvm_backend import TvmBackend, prepare  # noqa: E402
-from korch.kernels.tvm_tiling import TileConfig, default_tile_config, model_tile_config, root_nests  # noqa: E402
+from korch.kernels.tvm.backend import TvmBackend, prepare  # noqa: E402
+from korch.kernels.tvm.tiling import TileConfig, default_tile_config, model_tile_config, root_nests  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-6
 # float32 sums are added in another order than numpy's pairwise sum: results near zero

@@ -15,8 +15,8 @@ from korch.ir.graph import GraphBuilder  # noqa: E402
 from korch.ir.interp import evaluate  # noqa: E402
 from korch.ir.ops import Op  # noqa: E402
 from korch.kernels.base import aligned_empty  # noqa: E402
-from korch.kernels.tvm_dynamic import DynamicKernel, dynamic_axes, graph_at  # noqa: E402
-from korch.kernels.tvm_lower import Dynamic, lower  # noqa: E402
+from korch.kernels.tvm.dynamic import DynamicKernel, dynamic_axes, graph_at  # noqa: E402
+from korch.kernels.tvm.lower import Dynamic, lower  # noqa: E402
 from korch.profile.timing import random_inputs  # noqa: E402
 from korch.tiling import examples as E  # noqa: E402
 
@@ -81,7 +81,7 @@ def test_the_rows_are_the_loop_and_their_static_axes_vectorise():
     assert {r.mode for r in kernel.reports.values()} == {"fused"}
     n = tirx.Var("n", "int32")
     lw = lower(g, Dynamic(n, kernel.dims))
-    from korch.kernels.tvm_schedule import schedule
+    from korch.kernels.tvm.schedule import schedule
 
     func, _ = schedule(lw.func, g, kernel.config, lw.block_of, lw.copies)
     assert "T.vectorized" in func.script()

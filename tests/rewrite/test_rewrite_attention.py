@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from korch.ir import Op, assert_structural_equal, evaluate, parse_graph, print_graph, verify
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
 from korch.rewrite import RULES_BY_NAME, apply_rule, optimize_graph
 
 B, S, D = 2, 16, 8

@@ -13,7 +13,7 @@ import pytest
 
 from korch.config import Settings
 from korch.ir.interp import evaluate
-from korch.kernels.tvm_tiling import (
+from korch.kernels.tvm.tiling import (
     config_from_key,
     config_key,
     model_tile_config,
@@ -90,7 +90,7 @@ def test_split_reduce_keeps_intermediates_in_memory():
 
 
 def test_generated_kernels_with_chosen_tilings_match_reference():
-    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm.backend import TvmBackend, vector_bytes
     from korch.profile.timing import random_inputs
 
     be = TvmBackend()

@@ -303,3 +303,11 @@ class GraphBuilder:
         if list(perm) == list(range(len(perm))):
             return x
         return self.add(Op.TRANSPOSE, [x], perm=tuple(perm))
+
+
+def strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its leading ones."""
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return tuple(shape[i:])

@@ -3,16 +3,16 @@
 import contextlib
 
 with contextlib.suppress(ImportError):
-    from korch.kernels import ort_backend  # noqa: F401
+    from korch.kernels.ort import backend  # noqa: F401
 with contextlib.suppress(ImportError):
-    from korch.kernels import numpy_backend  # noqa: F401
+    from korch.kernels.library import numpy_blas  # noqa: F401
 with contextlib.suppress(ImportError):
-    from korch.kernels import tvm_backend  # noqa: F401
+    from korch.kernels.tvm import backend  # noqa: F401
 with contextlib.suppress(ImportError):
     from korch.kernels import chaos_backend  # noqa: F401  (registers only with KORCH_CHAOS=1)
 with contextlib.suppress(ImportError):
-    from korch.kernels import torch_backend  # noqa: F401  (only when torch is installed)
+    from korch.kernels.library import torch_cpu  # noqa: F401  (only when torch is installed)
 with contextlib.suppress(ImportError):
-    from korch.kernels import torch_cuda_backend  # noqa: F401  (cuda target; only when torch is installed)
+    from korch.kernels.library import torch_cuda  # noqa: F401  (cuda target; only when torch is installed)
 with contextlib.suppress(ImportError):
-    from korch.kernels import triton_backend  # noqa: F401  (cuda target; only when triton is installed)
+    from korch.kernels.triton import backend  # noqa: F401  (cuda target; only when triton is installed)

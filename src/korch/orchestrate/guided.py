@@ -82,7 +82,7 @@ class GuidedStats:
 
 def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, float | None]:
     """(tile config, predicted latency in us or None) of a generated kernel."""
-    from korch.kernels.tvm_tiling import default_tile_config, model_tile_config
+    from korch.kernels.tvm.tiling import default_tile_config, model_tile_config
 
     try:
         cfg, sol = model_tile_config(kgraph, settings.num_threads, vector_bytes, "cpu")
@@ -154,7 +154,7 @@ def _cost(results, w, backends) -> float | None:
 def step_profile(ctx) -> None:
     """Pipeline step ``profile`` (Note [Model-guided profiling])."""
     from korch.ir.subgraph import extract
-    from korch.kernels.tvm_tiling import config_key
+    from korch.kernels.tvm.tiling import config_key
     from korch.orchestrate.confirm import confirm_near_ties
     from korch.pipeline import _kernel_consts
     from korch.profile import ProfileStats, Workload, profile, versions_of
@@ -173,7 +173,7 @@ def step_profile(ctx) -> None:
     t0 = time.perf_counter()
     generated = [w for w in workloads.values() if "tvm" in w.backends]
     if generated:
-        from korch.kernels.tvm_backend import vector_bytes
+        from korch.kernels.tvm.backend import vector_bytes
 
         vb = vector_bytes()
         for w, (cfg, p) in zip(generated, predict_all([w.kgraph for w in generated], s, vb)):

@@ -27,7 +27,7 @@ class Workload:
     kgraph: Graph
     consts: dict[str, np.ndarray]
     backends: tuple[str, ...]
-    config: str = "default"  # the DB's config key (tvm: korch.kernels.tvm_tiling.config_key)
+    config: str = "default"  # the DB's config key (tvm: korch.kernels.tvm.tiling.config_key)
     tile_config: Any = None  # passed to the tvm backend's build (None: its default rule)
 
 

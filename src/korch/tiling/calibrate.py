@@ -285,8 +285,8 @@ def _generated_timer(g, threads: int, parallel: bool, rng: np.random.Generator, 
     import dataclasses as dc
 
     from korch.kernels.base import aligned_copy
-    from korch.kernels.tvm_backend import TvmBackend, vector_bytes
-    from korch.kernels.tvm_tiling import default_tile_config
+    from korch.kernels.tvm.backend import TvmBackend, vector_bytes
+    from korch.kernels.tvm.tiling import default_tile_config
     from korch.profile.timing import median, random_inputs, time_kernel
 
     cfg = dc.replace(default_tile_config(g, threads, vector_bytes()), parallel=parallel, **cfg_changes)

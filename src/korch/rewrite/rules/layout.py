@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from korch.ir.graph import Graph, GraphBuilder
+from korch.ir.graph import Graph, GraphBuilder, strip_ones
 from korch.ir.interp import eval_node
 from korch.ir.ops import GroupOp, Op
-from korch.ir.raising import _strip_ones
 from korch.rewrite.pattern import Lookup, Match, P, Rule, X
 
 # A folded constant may be no larger than its inputs together (or this many elements):
@@ -28,7 +27,7 @@ def _prepends_ones(g: Graph, node) -> bool:
     ONNX broadcasting do the rest, which is the form onnxruntime fuses into Gemm and
     LayerNormalization (segformer_b1: the fold left 0 of 26 LayerNormalizations and 0
     of 52 Gemms in the export of its rewritten graph)."""
-    return node.op is Op.RESHAPE and _strip_ones(node.shape) == tuple(g.nodes[node.inputs[0]].shape)
+    return node.op is Op.RESHAPE and strip_ones(node.shape) == tuple(g.nodes[node.inputs[0]].shape)
 
 
 def _identity(b: GraphBuilder, m: Match, v: Lookup) -> int:

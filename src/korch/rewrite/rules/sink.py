@@ -43,9 +43,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from korch.ir.graph import Graph, GraphBuilder
+from korch.ir.graph import Graph, GraphBuilder, strip_ones
 from korch.ir.ops import GroupOp, Op
-from korch.ir.raising import _strip_ones
 from korch.rewrite.pattern import Ctx, Lookup, Match, Rule, bcast_const, is_float, scalar_value
 
 # Kept when the new linear work is at most this share of the old.
@@ -319,7 +318,7 @@ def _emit(b: GraphBuilder, e: tuple, leaf: dict[int, int], attrs: dict, dtype: s
     if kind == "const":
         # without its leading ones: the [N] bias form the ONNX export passes to Gemm and
         # Conv fusions (Note [Raising])
-        val = e[1].reshape(_strip_ones(e[1].shape))
+        val = e[1].reshape(strip_ones(e[1].shape))
         out = b.broadcast_to(b.const(val), shape) if val.size > 1 else b.const(val.reshape(()))
     elif kind == "conv":
         out = b.add(Op.CONV, [leaf[e[1]], b.const(e[2].astype(dtype)[:, :, None, None])], **attrs)

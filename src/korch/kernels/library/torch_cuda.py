@@ -23,8 +23,8 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels import device as D
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.numpy_backend import LinearPlan, _load_consts, _save_consts, match_linear
-from korch.kernels.torch_backend import _bias_for
+from korch.kernels.library.numpy_blas import LinearPlan, load_consts, match_linear, save_consts
+from korch.kernels.library.torch_cpu import bias_for
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("torch is not installed")
@@ -66,7 +66,7 @@ class TorchCudaKernel(CompiledKernel):
         steps = list(plan.epilogue)
         self._bias = None
         if steps:
-            bias = _bias_for(plan, steps[0], self.consts)
+            bias = bias_for(plan, steps[0], self.consts)
             if bias is not None:
                 self._bias = dev(bias)
                 steps = steps[1:]
@@ -136,7 +136,7 @@ class TorchCudaKernel(CompiledKernel):
         return [D.to_host(o) for o in self.run_device(xs)]
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
-        return _save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
+        return save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
 
 
 class TorchCudaBackend(Backend):
@@ -155,7 +155,7 @@ class TorchCudaBackend(Backend):
         return TorchCudaKernel(plan, consts)
 
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
-        plan, consts = _load_consts(meta, directory)
+        plan, consts = load_consts(meta, directory)
         return TorchCudaKernel(plan, consts)
 
     def version(self) -> str:

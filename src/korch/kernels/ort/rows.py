@@ -1,6 +1,6 @@
 """Row islands: token-wise chains of a transformer as 2-D tensors (Note [Row islands]).
 
-Used by ``korch.ir.to_onnx`` on every model it exports; an ONNX-to-ONNX pass, so it
+Used by ``korch.kernels.ort.export`` on every model it exports; an ONNX-to-ONNX pass, so it
 also applies to a model korch did not export.
 """
 
@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from korch.ir.ort_layout import ELEMENTWISE_UNARY, finish_rewrite, node_attrs, users_of
+from korch.kernels.ort.layout import ELEMENTWISE_UNARY, finish_rewrite, node_attrs, users_of
 
 # Note [Row islands]
 # ~~~~~~~~~~~~~~~~~~

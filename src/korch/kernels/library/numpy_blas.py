@@ -323,10 +323,10 @@ class NumpyKernel(CompiledKernel):
         return [out]
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
-        return _save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
+        return save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
 
 
-def _save_consts(backend: str, plan: LinearPlan, consts: dict[str, np.ndarray], directory: Path, stem: str) -> dict:
+def save_consts(backend: str, plan: LinearPlan, consts: dict[str, np.ndarray], directory: Path, stem: str) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, value in consts.items():
@@ -336,7 +336,7 @@ def _save_consts(backend: str, plan: LinearPlan, consts: dict[str, np.ndarray], 
     return {"backend": backend, "plan": json.loads(json.dumps(plan.to_json())), "consts": files}
 
 
-def _load_consts(meta: dict, directory: Path) -> tuple[LinearPlan, dict[str, np.ndarray]]:
+def load_consts(meta: dict, directory: Path) -> tuple[LinearPlan, dict[str, np.ndarray]]:
     plan = LinearPlan.from_json(meta["plan"])
     consts = {name: np.load(Path(directory) / fname) for name, fname in meta["consts"].items()}
     return plan, consts
@@ -356,7 +356,7 @@ class NumpyBackend(Backend):
         return NumpyKernel(plan, consts, num_threads)
 
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
-        plan, consts = _load_consts(meta, directory)
+        plan, consts = load_consts(meta, directory)
         return NumpyKernel(plan, consts, num_threads)
 
     def version(self) -> str:
@@ -367,4 +367,4 @@ register(NumpyBackend())
 
 # The torch backend registers itself only where torch is installed (it imports torch lazily).
 with contextlib.suppress(ImportError):
-    from korch.kernels import torch_backend  # noqa: F401,E402
+    from korch.kernels.library import torch_cpu  # noqa: F401,E402

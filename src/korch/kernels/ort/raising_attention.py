@@ -1,15 +1,15 @@
 """Self-attention raised to onnxruntime's Attention operator (Note [Raising attention]).
 
-Used by ``korch.ir.to_onnx``, after the Softmax raise of ``korch.ir.raising``.
+Used by ``korch.kernels.ort.export``, after the Softmax raise of ``korch.kernels.ort.raising``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from korch.ir.graph import Graph
+from korch.ir.graph import Graph, strip_ones
 from korch.ir.ops import Op
-from korch.ir.raising import _const_value, _effective, _strip_ones
+from korch.kernels.ort.raising import const_value, effective
 
 # Note [Raising attention]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
@@ -25,19 +25,19 @@ from korch.ir.raising import _const_value, _effective, _strip_ones
 # node between X and the output RESHAPE must be private to the pattern.
 
 
-def _raise_attention(
+def raise_attention(
     graph: Graph, eff: dict[int, tuple[int, ...]], const_inputs: dict, raised: dict
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """Attention (com.microsoft) for self-attention over raised Softmaxes (Note
     [Raising attention]); ``attrs`` carry the concatenated weights and bias as arrays
     under ``weights`` and ``bias`` for the exporter."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     nodes = graph.nodes
     outs = set(graph.outputs.values())
     input_name = {nid: name for name, nid in graph.inputs.items()}
 
     def value(nid: int) -> np.ndarray | None:
-        return _const_value(graph, nid, const_inputs, input_name, ins)
+        return const_value(graph, nid, const_inputs, input_name, ins)
 
     def unscale(nid: int, inner: set[int]) -> tuple[int, float]:
         """(x, s) for ``nid`` = x times scalar constants s."""
@@ -75,7 +75,7 @@ def _raise_attention(
             return None
         d = wv.shape[1]
         bias = np.zeros(d, wv.dtype) if bias is None else bias
-        if _strip_ones(bias.shape) != (d,):  # one bias per column, not per row
+        if strip_ones(bias.shape) != (d,):  # one bias per column, not per row
             return None
         inner.add(f)
         return x, wv, bias.reshape(d)

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from korch.fission import fission
 from korch.frontend import load_model
-from korch.ir.ort_subpixel import subpixel_convs
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
+from korch.kernels.ort.subpixel import subpixel_convs
 
 
 def _model(

@@ -36,12 +36,12 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
 from korch.kernels.base import ALIGN, Backend, CompiledKernel, aligned_copy, register
-from korch.kernels.tvm_tiling import TileConfig, default_tile_config
+from korch.kernels.tvm.tiling import TileConfig, default_tile_config
 
 _state: dict[str, Any] = {"threads": None}
 
 
-def _tvm():
+def import_tvm():
     # Note [No spinning thread pools]: kernels of several libraries alternate on 2 cores;
     # a pool that spins after its call steals the core the next library needs (measured:
     # an MLP block took 44 ms with TVM's default spin, 0.56 ms without).
@@ -53,19 +53,19 @@ def _tvm():
     return tvm
 
 
-def _set_threads(num_threads: int) -> None:
+def set_tvm_threads(num_threads: int) -> None:
     num_threads = max(1, int(num_threads))
     if _state["threads"] is None:
         _state["threads"] = num_threads
         os.environ.setdefault("TVM_NUM_THREADS", str(num_threads))
         return
     if _state["threads"] != num_threads:
-        tvm = _tvm()
+        tvm = import_tvm()
         tvm.get_global_func("runtime.config_threadpool")(1, num_threads)
         _state["threads"] = num_threads
 
 
-def _address(a: np.ndarray) -> int:
+def buffer_address(a: np.ndarray) -> int:
     """Data address of a writable C-contiguous array: 0.8 us, against 2-3 us for
     ``a.ctypes.data`` or ``a.__array_interface__`` (measured here, numpy 2.4)."""
     return ctypes.addressof(ctypes.c_char.from_buffer(a)) if a.nbytes else 0
@@ -84,7 +84,7 @@ _HOST: dict[int, Any] = {}
 def host_target(num_threads: int):
     """The LLVM target of this machine's CPU (``mcpu`` detected by LLVM)."""
     if num_threads not in _HOST:
-        tvm = _tvm()
+        tvm = import_tvm()
         from tvm.target import codegen
 
         cpu = codegen.llvm_get_system_cpu()
@@ -118,7 +118,7 @@ def carve_outputs(layout: tuple, total: int) -> list[np.ndarray]:
     """Arrays for ``output_layout``'s outputs, carved out of one aligned allocation
     (one ``np.empty`` a call, where ``aligned_empty`` per output cost ~5 us)."""
     buf = np.empty(total + ALIGN, dtype=np.uint8)
-    base = (-_address(buf)) % ALIGN
+    base = (-buffer_address(buf)) % ALIGN
     return [buf[base + off : base + off + nb].view(dt).reshape(sh) for sh, dt, off, nb in layout]
 
 
@@ -142,8 +142,8 @@ class Prepared:
 
 def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None) -> Prepared:
     """Lower and schedule ``kgraph`` (an extracted memory-bound kernel)."""
-    from korch.kernels.tvm_lower import lower
-    from korch.kernels.tvm_schedule import schedule
+    from korch.kernels.tvm.lower import lower
+    from korch.kernels.tvm.schedule import schedule
 
     if config is None:
         config = default_tile_config(kgraph, num_threads, vector_bytes())
@@ -190,7 +190,7 @@ class TvmKernel(CompiledKernel):
             a.dtype != dt
             or not a.flags.c_contiguous
             or not a.flags.writeable  # DLPack refuses read-only arrays
-            or _address(a) % ALIGN
+            or buffer_address(a) % ALIGN
         ):
             a = aligned_copy(np.asarray(a, dtype=dt, order="C"))
         return a
@@ -204,7 +204,7 @@ class TvmKernel(CompiledKernel):
         # Note [Kernel call overhead]: numpy arrays go to the TVM function as they are
         # (tvm_ffi takes them through __dlpack__, ~0.6 us an argument); what the
         # generated code assumes (C order, ALIGN-byte data, writable for DLPack) is
-        # checked with flag reads and ``_address``. Converting each array to a tvm
+        # checked with flag reads and ``buffer_address``. Converting each array to a tvm
         # Tensor first, as before, cost ~10 us more per call on a 3-argument kernel.
         # The executable skips both the checks and the output allocation where its
         # memory plan allows (Note [Static memory plan] in korch/executable).
@@ -214,7 +214,7 @@ class TvmKernel(CompiledKernel):
         return outs
 
     def set_threads(self, num_threads: int) -> None:
-        _set_threads(num_threads)  # TVM's pool is per process
+        set_tvm_threads(num_threads)  # TVM's pool is per process
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         directory = Path(directory)
@@ -266,7 +266,7 @@ class TvmBackend(Backend):
     kinds = frozenset({"memory"})
 
     def supports(self, kgraph: Graph) -> bool:
-        from korch.kernels.tvm_lower import unsupported_reason
+        from korch.kernels.tvm.lower import unsupported_reason
 
         if any(n.op not in GroupOp.MEMORY_BOUND and n.op not in GroupOp.SOURCE for n in kgraph.nodes):
             return False
@@ -281,8 +281,8 @@ class TvmBackend(Backend):
     ) -> TvmKernel:
         """Compile one kernel. ``consts`` are not baked in: constant inputs (``in{i}_c``)
         are passed at call time like any input."""
-        _set_threads(num_threads)
-        tvm = _tvm()
+        set_tvm_threads(num_threads)
+        tvm = import_tvm()
         t0 = time.perf_counter()
         prep = prepare(kgraph, num_threads, tile_config)
         symbol = "korch_kernel"
@@ -299,8 +299,8 @@ class TvmBackend(Backend):
         """Compile all kernels in one IRModule (one LLVM invocation). A kernel that fails
         to lower is returned as its exception; if the joint compile fails, each kernel
         is compiled alone so that only the bad ones fail."""
-        _set_threads(num_threads)
-        tvm = _tvm()
+        set_tvm_threads(num_threads)
+        tvm = import_tvm()
         t0 = time.perf_counter()
         preps: list[Prepared | Exception] = []
         for i, (kgraph, _) in enumerate(items):
@@ -324,7 +324,7 @@ class TvmBackend(Backend):
         return [p if isinstance(p, Exception) else _kernel(lib, f"korch_k{i}", p, per) for i, p in enumerate(preps)]
 
     def _build_prepared(self, prep: Prepared, num_threads: int) -> CompiledKernel | Exception:
-        tvm = _tvm()
+        tvm = import_tvm()
         try:
             mod = tvm.IRModule({"korch_kernel": prep.func.with_attr("global_symbol", "korch_kernel")})
             lib = tvm.compile(mod, target=host_target(num_threads))
@@ -333,8 +333,8 @@ class TvmBackend(Backend):
         return _kernel(lib, "korch_kernel", prep, 0.0)
 
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> TvmKernel:
-        _set_threads(num_threads)
-        tvm = _tvm()
+        set_tvm_threads(num_threads)
+        tvm = import_tvm()
         directory = Path(directory)
         lib = tvm.runtime.load_module(str(directory / meta["library"]))
         ins = [_Spec(tuple(s), d) for s, d in meta["inputs"]]

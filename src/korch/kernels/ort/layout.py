@@ -1,6 +1,6 @@
 """Channel padding for onnxruntime's blocked layout (Note [Channel padding]).
 
-Used by ``korch.ir.to_onnx`` on every model it exports; an ONNX-to-ONNX pass, so it
+Used by ``korch.kernels.ort.export`` on every model it exports; an ONNX-to-ONNX pass, so it
 also applies to a model korch did not export.
 """
 

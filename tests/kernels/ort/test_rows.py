@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from korch.fission import fission
 from korch.frontend import load_model
-from korch.ir.ort_rows import flatten_rows
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
+from korch.kernels.ort.rows import flatten_rows
 
 B, S, C, H = 2, 5, 8, 16
 
@@ -175,7 +175,7 @@ def test_softmax_over_features_is_row_wise(axis):
 
 def test_softmax_default_axis_before_opset_13():
     """Before opset 13 a Softmax without an axis normalizes from axis 1 on."""
-    from korch.ir.ort_rows import _member
+    from korch.kernels.ort.rows import _member
 
     sm = helper.make_node("Softmax", ["a"], ["b"])
     shapes = {"a": (B, S, C), "b": (B, S, C)}

@@ -1,6 +1,6 @@
 """The order onnxruntime's fusions need in korch's export (Note [Operand order]).
 
-Used by ``korch.ir.to_onnx``.
+Used by ``korch.kernels.ort.export``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.ir.raising import _const_input_ids, _effective, _is_constant
+from korch.kernels.ort.raising import const_input_ids, effective, is_constant
 
 
 # Note [Operand order]
@@ -22,9 +22,9 @@ from korch.ir.raising import _const_input_ids, _effective, _is_constant
 # first. A fissioned graph keeps whatever order the model or a rewrite gave, so the
 # exporter puts a constant operand of Add/Mul second (``_Exporter.lower``) and
 # reassociates (conv + rest) + B (below); then it emits nodes in an order that
-# respects the new inputs (``_emit_order``). Each cost segformer's rewritten decode
+# respects the new inputs (``emit_order``). Each cost segformer's rewritten decode
 # head its blocked layout (benchmarks/RESULTS.md, tenth session).
-def _reassociate_conv_biases(
+def reassociate_conv_biases(
     graph: Graph, eff: dict[int, tuple[int, ...]], const_inputs: dict, raised: dict
 ) -> dict[int, tuple[int, ...]]:
     """New inputs for ``(conv + rest) + B`` with a constant B: ``(conv + B) + rest``
@@ -37,14 +37,14 @@ def _reassociate_conv_biases(
     inner Add is private to the outer one and the Conv's output has the full shape;
     the sum is reassociated in float (within rounding).
     """
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     nodes = graph.nodes
     outs = set(graph.outputs.values())
 
-    const_ids = _const_input_ids(graph, const_inputs)
+    const_ids = const_input_ids(graph, const_inputs)
 
     def const(nid: int) -> bool:
-        return _is_constant(graph, nid, ins, const_ids)
+        return is_constant(graph, nid, ins, const_ids)
 
     def conv_biased(nid: int) -> bool:
         """A CONV, or a private constant ADD of one (a Conv with its bias)."""
@@ -76,7 +76,7 @@ def _reassociate_conv_biases(
     return found
 
 
-def _emit_order(graph: Graph, eff: dict[int, tuple[int, ...]], live: list[bool]) -> list[int]:
+def emit_order(graph: Graph, eff: dict[int, tuple[int, ...]], live: list[bool]) -> list[int]:
     """The live nodes in id order, except that a node comes after the inputs ``eff``
     gives it (a reassociated Add may take a constant with a larger id)."""
     ins = {nid: tuple(eff.get(nid, graph.nodes[nid].inputs)) for nid in range(len(graph.nodes)) if live[nid]}

@@ -20,7 +20,7 @@ from tvm import s_tir, tirx
 
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp, Op
-from korch.kernels.tvm_tiling import TileConfig, prefix_axes, rfactored
+from korch.kernels.tvm.tiling import TileConfig, prefix_axes, rfactored
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""OPAQUE primitives back to ONNX (``korch.ir.to_onnx``): each is emitted as the
+"""OPAQUE primitives back to ONNX (``korch.kernels.ort.export``): each is emitted as the
 NodeProto it was fissioned from, once per (operator, inputs); the members of a
 multi-output operator share its outputs."""
 
@@ -10,7 +10,7 @@ from korch.ir.graph import Graph, Node
 from korch.ir.ops import Op
 
 if TYPE_CHECKING:
-    from korch.ir.to_onnx import _Exporter
+    from korch.kernels.ort.export import Exporter
 
 
 def _opaque_proto(node: Node):
@@ -21,8 +21,8 @@ def _opaque_proto(node: Node):
     return proto
 
 
-def _emit_opaque(
-    ex: _Exporter,
+def emit_opaque(
+    ex: Exporter,
     graph: Graph,
     live: list[bool],
     target: dict[int, str],

@@ -1,6 +1,6 @@
 """Fission's patterns raised back to ONNX operators for onnxruntime (Note [Raising]).
 
-Used by ``korch.ir.to_onnx``; each ``_raise_*`` maps a node to (its source tensor or
+Used by ``korch.kernels.ort.export``; each ``_raise_*`` maps a node to (its source tensor or
 tensors, ONNX op, attributes).
 """
 
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from korch.ir.graph import Graph
+from korch.ir.graph import Graph, strip_ones
 from korch.ir.ops import GroupOp, Op
 
 # Note [Raising]
@@ -31,7 +31,7 @@ from korch.ir.ops import GroupOp, Op
 # made its one-session export 516 ms against 390 ms for the model; raised, 384 vs 398.
 
 
-def _raise_max_pools(graph: Graph) -> dict[int, tuple[int, str, dict]]:
+def raise_max_pools(graph: Graph) -> dict[int, tuple[int, str, dict]]:
     """MaxPool for each RESHAPE ending fission's PAD(-inf) + WINDOW + REDUCE_MAX.
 
     onnxruntime runs MaxPool in its blocked layout; the primitives would be an im2col
@@ -95,7 +95,7 @@ def _scalar(graph: Graph, nid: int) -> float | None:
     return float(node.attr("value")) if node.is_scalar_const else None
 
 
-def _raise_hard_activations(graph: Graph) -> dict[int, tuple[int, str, dict]]:
+def raise_hard_activations(graph: Graph) -> dict[int, tuple[int, str, dict]]:
     """HardSigmoid for fission's MIN(MAX(ADD(MUL(x, a), b), 0), 1); HardSwish for
     MUL(x, HardSigmoid(x) with a = 1/6, b = 1/2) (activations.py)."""
     users = graph.users()
@@ -153,7 +153,7 @@ def _raise_hard_activations(graph: Graph) -> dict[int, tuple[int, str, dict]]:
     return found
 
 
-def _effective(graph: Graph, eff: dict[int, tuple[int, ...]]):
+def effective(graph: Graph, eff: dict[int, tuple[int, ...]]):
     """(inputs of a node, users of a node) on the graph with ``eff``'s bypasses."""
     ins = lambda nid: eff.get(nid, graph.nodes[nid].inputs)  # noqa: E731
     users: list[list[int]] = [[] for _ in graph.nodes]
@@ -169,12 +169,12 @@ def _effective(graph: Graph, eff: dict[int, tuple[int, ...]]):
     return ins, users
 
 
-def _raise_softmax(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+def raise_softmax(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """Softmax for fission's DIV(e, REDUCE_SUM(e)) with e = EXP(SUB(x, REDUCE_MAX(x))),
     over the last axis (normalization.py). onnxruntime runs Softmax as one kernel; the
     five primitives are five passes with two broadcasts (vit_tiny_b1 exported as
     primitives: 644 operators after onnxruntime's fusions, 344 for the model)."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     outs = set(graph.outputs.values())
     nodes = graph.nodes
     only = lambda nid, allowed: nid not in outs and set(users[nid]) <= allowed  # noqa: E731
@@ -200,7 +200,7 @@ def _raise_softmax(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, t
     return found
 
 
-def _raise_layer_norms(
+def raise_layer_norms(
     graph: Graph, eff: dict[int, tuple[int, ...]], layer_norm: bool = True
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """LayerNormalization (opset 17; only if ``layer_norm``) for fission's form
@@ -212,7 +212,7 @@ def _raise_layer_norms(
     InstanceNormalization: candy_b1 exported as primitives ran 45.9 ms in onnxruntime
     against 42.6 ms for the model, its 15 instance norms spelled out in 6 operators each
     (Dec 1 2026)."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     outs = set(graph.outputs.values())
     nodes = graph.nodes
     only = lambda nid, allowed: nid not in outs and set(users[nid]) <= allowed  # noqa: E731
@@ -318,13 +318,13 @@ def _raise_layer_norms(
     return found
 
 
-def _raise_global_average_pools(
+def raise_global_average_pools(
     graph: Graph, eff: dict[int, tuple[int, ...]]
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """GlobalAveragePool for fission's DIV(REDUCE_SUM(x, all spatial axes), count) on an
     NC... tensor: onnxruntime runs it in its blocked layout after a Conv, where a
     ReduceSum first reorders the Conv's output back to NCHW."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     outs = set(graph.outputs.values())
     nodes = graph.nodes
     found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
@@ -346,11 +346,11 @@ def _raise_global_average_pools(
     return found
 
 
-def _raise_depth_space(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
+def raise_depth_space(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """SpaceToDepth and DepthToSpace (DCR) for their reshape, 6-D transpose, reshape
     (Note [Space-to-depth convolutions]): onnxruntime's generic Transpose took 4.6 ms on
     Candy's [1, 32, 232, 232] input that its SpaceToDepth moves in about one."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     outs = set(graph.outputs.values())
     nodes = graph.nodes
     found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
@@ -379,7 +379,7 @@ def _raise_depth_space(graph: Graph, eff: dict[int, tuple[int, ...]]) -> dict[in
     return found
 
 
-def _model_opset_at_least(graph: Graph, opset: int, want: int) -> bool:
+def model_opset_at_least(graph: Graph, opset: int, want: int) -> bool:
     """Whether the exported model's default opset is >= ``want`` whichever opaque nodes
     stay live (the model takes their highest opset, ``opset`` when there are none)."""
     theirs = [
@@ -392,7 +392,7 @@ def _model_opset_at_least(graph: Graph, opset: int, want: int) -> bool:
     return min(theirs) >= want if theirs else opset >= want
 
 
-def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
+def bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
     """Inputs of binary elementwise nodes with explicit BROADCASTs replaced by their source.
 
     ONNX broadcasting does the expansion for free, and onnxruntime only fuses a bias
@@ -410,7 +410,7 @@ def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
                 # a BROADCAST, or a RESHAPE that only prepends ones (a bias [N] as [1, 1, N]:
                 # onnxruntime fuses MatMul + Add into Gemm only for the [N] form)
                 if snode.op is Op.BROADCAST or (
-                    snode.op is Op.RESHAPE and _strip_ones(snode.shape) == graph.nodes[snode.inputs[0]].shape
+                    snode.op is Op.RESHAPE and strip_ones(snode.shape) == graph.nodes[snode.inputs[0]].shape
                 ):
                     trial = ins[:i] + [snode.inputs[0]] + ins[i + 1 :]
                     if tuple(np.broadcast_shapes(*[graph.nodes[t].shape for t in trial])) == node.shape:
@@ -423,22 +423,14 @@ def _bypass_broadcasts(graph: Graph) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def _strip_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """``shape`` without its leading ones."""
-    i = 0
-    while i < len(shape) and shape[i] == 1:
-        i += 1
-    return tuple(shape[i:])
-
-
-def _const_input_ids(graph: Graph, const_inputs: dict) -> frozenset[int]:
+def const_input_ids(graph: Graph, const_inputs: dict) -> frozenset[int]:
     """The node ids of the graph inputs that have a value in ``const_inputs`` (a kernel's)."""
     return frozenset(nid for name, nid in graph.inputs.items() if name in const_inputs)
 
 
-def _is_constant(graph: Graph, nid: int, ins, const_ids: frozenset[int]) -> bool:
+def is_constant(graph: Graph, nid: int, ins, const_ids: frozenset[int]) -> bool:
     """Whether node ``nid`` is a constant for onnxruntime: a constant, an input in
-    ``const_ids`` (``_const_input_ids``), or a layout op of constants (it folds those);
+    ``const_ids`` (``const_input_ids``), or a layout op of constants (it folds those);
     ``ins`` gives a node's inputs (bypasses applied)."""
     node = graph.nodes[nid]
     if node.op is Op.CONST:
@@ -446,18 +438,18 @@ def _is_constant(graph: Graph, nid: int, ins, const_ids: frozenset[int]) -> bool
     if node.op is Op.INPUT:
         return nid in const_ids
     if node.op in GroupOp.LAYOUT or node.op is Op.BROADCAST:
-        return all(_is_constant(graph, i, ins, const_ids) for i in ins(nid))
+        return all(is_constant(graph, i, ins, const_ids) for i in ins(nid))
     return False
 
 
-def _const_value(graph: Graph, nid: int, const_inputs: dict, input_name: dict, ins=None) -> np.ndarray | None:
+def const_value(graph: Graph, nid: int, const_inputs: dict, input_name: dict, ins=None) -> np.ndarray | None:
     """The value of a constant, or of an input with a value in ``const_inputs``; through
     RESHAPEs when ``ins`` is given. ``input_name``: node id -> graph input name."""
     node = graph.nodes[nid]
     if node.op is Op.CONST:
         return graph.const_value(nid)
     if ins is not None and node.op is Op.RESHAPE:
-        v = _const_value(graph, ins(nid)[0], const_inputs, input_name, ins)
+        v = const_value(graph, ins(nid)[0], const_inputs, input_name, ins)
         return None if v is None else v.reshape(node.shape)
     name = input_name.get(nid)
     return np.asarray(const_inputs[name]) if name in const_inputs else None

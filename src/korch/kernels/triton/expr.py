@@ -1,6 +1,6 @@
-"""Elementwise primitives and literals as Triton expressions (``korch.kernels.triton_lower``).
+"""Elementwise primitives and literals as Triton expressions (``korch.kernels.triton.lower``).
 
-``_ew_code`` is the expression of an elementwise primitive on its inputs' expressions;
+``ew_code`` is the expression of an elementwise primitive on its inputs' expressions;
 transcendental functions of float16 are computed in float32.
 """
 
@@ -10,11 +10,11 @@ import math
 
 from korch.ir.graph import Node
 from korch.ir.ops import Op
-from korch.kernels.triton_index import _paren
+from korch.kernels.triton.index import paren
 
-_FLOAT = ("float32", "float16", "float64")
-_TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, Op.POW})
-_TL_DTYPE = {
+FLOAT_DTYPES = ("float32", "float16", "float64")
+TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, Op.POW})
+TL_DTYPE = {
     "float32": "tl.float32",
     "float16": "tl.float16",
     "float64": "tl.float64",
@@ -26,10 +26,10 @@ _TL_DTYPE = {
 }
 
 
-def _literal(value, dtype: str) -> str:
+def literal(value, dtype: str) -> str:
     if dtype == "bool":
         return "True" if value else "False"
-    if dtype in _FLOAT:
+    if dtype in FLOAT_DTYPES:
         v = float(value)
         if math.isnan(v):
             return 'float("nan")'
@@ -39,18 +39,18 @@ def _literal(value, dtype: str) -> str:
     return str(int(value))
 
 
-def _ew_code(node: Node, args: list[str], in_dtypes: list[str]) -> str:
+def ew_code(node: Node, args: list[str], in_dtypes: list[str]) -> str:
     op, dt = node.op, node.dtype
-    a = [_paren(x) for x in args]
+    a = [paren(x) for x in args]
     if op is Op.CAST:
         to = node.attr("to")
         if to == "bool":
             return f"{a[0]} != 0"
-        return f"{a[0]}.to({_TL_DTYPE[to]})"
-    if op in _TRANSCENDENTAL and dt == "float16":
+        return f"{a[0]}.to({TL_DTYPE[to]})"
+    if op in TRANSCENDENTAL and dt == "float16":
         up = [f"{x}.to(tl.float32)" if not _is_literal(r) else r for x, r in zip(a, args)]
         return f"({_ew_float(op, up)}).to(tl.float16)"
-    if op in _TRANSCENDENTAL:
+    if op in TRANSCENDENTAL:
         return _ew_float(op, [r if _is_literal(r) else x for x, r in zip(a, args)])
     if op is Op.NEG:
         return f"0 - {a[0]}" if dt == "uint8" else f"-{a[0]}"

@@ -16,7 +16,7 @@ from tvm import te, tirx
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
-from korch.kernels import tvm_math
+from korch.kernels.tvm import fastmath
 
 FLOAT_DTYPES = ("float32", "float64", "float16")
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
@@ -24,10 +24,10 @@ _FLOAT_ONLY = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, O
 
 
 _FAST_F32 = {
-    Op.EXP: tvm_math.exp_f32,
-    Op.ERF: tvm_math.erf_f32,
-    Op.TANH: tvm_math.tanh_f32,
-    Op.SIGMOID: tvm_math.sigmoid_f32,
+    Op.EXP: fastmath.exp_f32,
+    Op.ERF: fastmath.erf_f32,
+    Op.TANH: fastmath.tanh_f32,
+    Op.SIGMOID: fastmath.sigmoid_f32,
 }
 
 

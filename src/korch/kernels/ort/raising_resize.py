@@ -1,6 +1,6 @@
 """Fission's resizes raised back to onnxruntime's Resize (Note [Raising] in
-``korch.ir.raising``): nearest upsampling Gathers and the Gather/Mul/Add steps of a
-linear resize. Used by ``korch.ir.to_onnx``.
+``korch.kernels.ort.raising``): nearest upsampling Gathers and the Gather/Mul/Add steps of a
+linear resize. Used by ``korch.kernels.ort.export``.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.ir.raising import _const_value, _effective
+from korch.kernels.ort.raising import const_value, effective
 
 
-def _upsample_factor(idx: np.ndarray, n_in: int) -> int:
+def upsample_factor(idx: np.ndarray, n_in: int) -> int:
     """k when ``idx`` is ``arange(k * n_in) // k`` (nearest upsampling by k >= 2), else 0."""
     if idx.ndim != 1 or n_in < 1 or idx.size % n_in or idx.size < 2 * n_in:
         return 0
@@ -20,14 +20,14 @@ def _upsample_factor(idx: np.ndarray, n_in: int) -> int:
     return k if np.array_equal(idx, np.arange(idx.size) // k) else 0
 
 
-def _raise_nearest_upsamples(
+def raise_nearest_upsamples(
     graph: Graph, eff: dict[int, tuple[int, ...]]
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """One nearest Resize for two chained nearest-upsample Gathers on different axes
     (fission's 2-D nearest Resize, one Gather per axis; each alone is exported as a
     one-axis Resize): candy_b1's two 2x upsamples ran as four Resizes, 2.65 ms of
     onnxruntime's time against 0.41 ms for the model's two (2 threads, Dec 1 2026)."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     outs = set(graph.outputs.values())
     nodes = graph.nodes
 
@@ -37,7 +37,7 @@ def _raise_nearest_upsamples(
             return None
         idx = node.gather_indices()
         axis = int(node.attr("axis"))
-        return axis if _upsample_factor(idx, nodes[ins(nid)[0]].shape[axis]) else None
+        return axis if upsample_factor(idx, nodes[ins(nid)[0]].shape[axis]) else None
 
     found: dict[int, tuple[tuple[int, ...], str, dict]] = {}
     for d, node in enumerate(nodes):
@@ -92,7 +92,7 @@ def _linear_coord_mode(lo, hi, w_lo, w_hi, out: int, size: int) -> str | None:
     return None
 
 
-def _raise_linear_resizes(
+def raise_linear_resizes(
     graph: Graph, eff: dict[int, tuple[int, ...]], const_inputs: dict[str, np.ndarray] | None = None
 ) -> dict[int, tuple[tuple[int, ...], str, dict]]:
     """Resize (linear) for fission's per-axis ADD(MUL(GATHER(x, lo), w_lo),
@@ -102,12 +102,12 @@ def _raise_linear_resizes(
     (segformer_b1's decode head: 12 Gathers on tensors up to 256x128x128).
     ``attrs["sizes"]`` is the output shape (the exporter feeds it as Resize's sizes).
     The weights are constants, or inputs with a value in ``const_inputs`` (a kernel's)."""
-    ins, users = _effective(graph, eff)
+    ins, users = effective(graph, eff)
     input_name = {nid: name for name, nid in graph.inputs.items()}
     const_inputs = const_inputs or {}
 
     def value(nid: int) -> np.ndarray | None:
-        return _const_value(graph, nid, const_inputs, input_name)
+        return const_value(graph, nid, const_inputs, input_name)
 
     outs = set(graph.outputs.values())
     nodes = graph.nodes

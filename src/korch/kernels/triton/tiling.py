@@ -9,8 +9,8 @@ import math
 
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
-from korch.kernels.triton_index import _pow2_ceil, _pow2_floor
-from korch.kernels.triton_lower import Infeasible, TritonConfig, TritonSource, _anchor, _has_reduce, generate
+from korch.kernels.triton.index import pow2_ceil, pow2_floor
+from korch.kernels.triton.lower import Infeasible, TritonConfig, TritonSource, anchor_of, generate, has_reduce
 
 MAX_ROW = 16384  # widest row a program holds whole (reductions over the columns)
 MAX_TILE = 4096  # elements per program, GPU
@@ -19,7 +19,7 @@ REDUCE_CHUNK = 2048
 
 
 def _warps(elements: int) -> int:
-    return max(1, min(8, _pow2_floor(max(1, elements // 256))))
+    return max(1, min(8, pow2_floor(max(1, elements // 256))))
 
 
 def heuristic_config(
@@ -29,22 +29,22 @@ def heuristic_config(
     the tiling model) replaces the rule's tile size when given. Under the interpreter
     (``interpret``), which runs programs one after another, tiles are as large as
     possible: the generated code is the same, with fewer and larger programs."""
-    shape = g.nodes[_anchor(g)].shape
+    shape = g.nodes[anchor_of(g)].shape
     M = math.prod(shape[:outer_axes])
     N = math.prod(shape[outer_axes:])
-    reduce = _has_reduce(g)
+    reduce = has_reduce(g)
     cap = MAX_TILE_INTERPRET if interpret else MAX_TILE
-    tile = cap if model_tile is None or interpret else max(128, min(cap, _pow2_floor(model_tile)))
+    tile = cap if model_tile is None or interpret else max(128, min(cap, pow2_floor(model_tile)))
     if reduce and N <= MAX_ROW:
-        bn = _pow2_ceil(N)
+        bn = pow2_ceil(N)
     else:
-        bn = min(_pow2_ceil(N), tile)
-    bm = max(1, min(_pow2_ceil(M), tile // bn))
+        bn = min(pow2_ceil(N), tile)
+    bm = max(1, min(pow2_ceil(M), tile // bn))
     if not interpret:
         n_tiles = -(-N // bn)
         while bm > 1 and -(-M // bm) * n_tiles < 2 * cores:
             bm //= 2
-    bk = min(_pow2_ceil(max(1, N)), MAX_ROW) if reduce else 1
+    bk = min(pow2_ceil(max(1, N)), MAX_ROW) if reduce else 1
     bk = max(bk, REDUCE_CHUNK)
     elements = bm * bn
     stages = 2 if reduce and _max_reduce_extent(g) > bk else 1
@@ -82,7 +82,7 @@ def choose_and_generate(
     and block sizes from the tiling model (fallback: the heuristic)."""
     if config is not None:
         return generate(g, config)
-    rank = len(g.nodes[_anchor(g)].shape)
+    rank = len(g.nodes[anchor_of(g)].shape)
     # under the interpreter the model's tile would be overridden (heuristic_config): skip its solve
     mt = model_tile(g) if use_model and not interpret else None
     last: Exception | None = None

@@ -20,7 +20,7 @@ def C(v: int) -> Ix:
     return Ix(str(int(v)), frozenset(), int(v))
 
 
-def _paren(code: str) -> str:
+def paren(code: str) -> str:
     return code if code.isidentifier() or code.lstrip("-").isdigit() else f"({code})"
 
 
@@ -40,8 +40,8 @@ def ix_sub(a: Ix, b: Ix) -> Ix:
     if b.const is not None:
         return ix_add(a, C(-b.const))
     if a.const is not None and a.const == 0:
-        return Ix(f"-{_paren(b.code)}", b.deps)
-    return Ix(f"{a.code} - {_paren(b.code)}", a.deps | b.deps)
+        return Ix(f"-{paren(b.code)}", b.deps)
+    return Ix(f"{a.code} - {paren(b.code)}", a.deps | b.deps)
 
 
 def ix_mul(a: Ix, c: int) -> Ix:
@@ -51,7 +51,7 @@ def ix_mul(a: Ix, c: int) -> Ix:
         return C(0)
     if c == 1:
         return a
-    return Ix(f"{_paren(a.code)} * {c}", a.deps)
+    return Ix(f"{paren(a.code)} * {c}", a.deps)
 
 
 def ix_div(a: Ix, c: int) -> Ix:
@@ -60,7 +60,7 @@ def ix_div(a: Ix, c: int) -> Ix:
         return C(a.const // c)
     if c == 1:
         return a
-    return Ix(f"{_paren(a.code)} // {c}", a.deps)
+    return Ix(f"{paren(a.code)} // {c}", a.deps)
 
 
 def ix_mod(a: Ix, c: int) -> Ix:
@@ -68,7 +68,7 @@ def ix_mod(a: Ix, c: int) -> Ix:
         return C(a.const % c)
     if c == 1:
         return C(0)
-    return Ix(f"{_paren(a.code)} % {c}", a.deps)
+    return Ix(f"{paren(a.code)} % {c}", a.deps)
 
 
 def ix_min(a: Ix, c: int) -> Ix:
@@ -134,9 +134,9 @@ def reshape_index(idx: list[Ix], out_shape: tuple[int, ...], in_shape: tuple[int
     return head + mid + tail
 
 
-def _pow2_ceil(n: int) -> int:
+def pow2_ceil(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def _pow2_floor(n: int) -> int:
+def pow2_floor(n: int) -> int:
     return 1 << max(0, int(n).bit_length() - 1)

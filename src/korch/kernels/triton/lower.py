@@ -46,18 +46,18 @@ import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
-from korch.kernels.triton_expr import _FLOAT, _TL_DTYPE, _TRANSCENDENTAL, _ew_code, _literal
-from korch.kernels.triton_index import (
+from korch.kernels.triton.expr import FLOAT_DTYPES, TL_DTYPE, TRANSCENDENTAL, ew_code, literal
+from korch.kernels.triton.index import (
     C,
     Ix,
-    _paren,
-    _pow2_ceil,
     flatten,
     ix_add,
     ix_max,
     ix_min,
     ix_mul,
     ix_sub,
+    paren,
+    pow2_ceil,
     reshape_index,
     unflatten,
 )
@@ -80,9 +80,9 @@ def unsupported_reason(g: Graph) -> str | None:
         if node.dtype not in SUPPORTED_DTYPES:
             return f"dtype {node.dtype}"
         ins = [g.nodes[i].dtype for i in node.inputs]
-        if node.op in _TRANSCENDENTAL and node.dtype not in ("float32", "float16"):
+        if node.op in TRANSCENDENTAL and node.dtype not in ("float32", "float16"):
             return f"{node.op.value} on {node.dtype}"
-        if node.op in (Op.DIV, Op.RECIPROCAL, Op.FLOOR, Op.CEIL) and node.dtype not in _FLOAT:
+        if node.op in (Op.DIV, Op.RECIPROCAL, Op.FLOOR, Op.CEIL) and node.dtype not in FLOAT_DTYPES:
             return f"{node.op.value} on {node.dtype}"
         if node.op in GroupOp.REDUCE and node.dtype == "bool":
             return "reduction of bool"
@@ -209,7 +209,7 @@ class _Gen:
         """A Triton expression (a name or a literal) for node ``nid`` at ``idx``."""
         node = self.g.nodes[nid]
         if node.is_scalar_const:
-            return _literal(node.attr("value"), node.dtype), frozenset()
+            return literal(node.attr("value"), node.dtype), frozenset()
         idx = [self.bind(i) for i in idx]
         key = ("val", nid, tuple(i.code for i in idx))
         for memo in (self.loop_memo, self.top_memo) if self.loop is not None else (self.top_memo,):
@@ -233,7 +233,7 @@ class _Gen:
         off = self.bind(flatten(idx, node.shape))
         ptr = f"in{self.input_pos[nid]}_ptr"
         mask = self.mask_of(off.deps)
-        addr = ptr if off.const == 0 else f"{ptr} + {_paren(off.code)}"
+        addr = ptr if off.const == 0 else f"{ptr} + {paren(off.code)}"
         if mask is None:
             return f"tl.load({addr})", off.deps
         return f"tl.load({addr}, mask={mask}, other=0)", off.deps
@@ -245,7 +245,7 @@ class _Gen:
             code, d = self.value(s, sidx)
             args.append(code)
             deps |= d
-        return _ew_code(node, args, [self.g.nodes[s].dtype for s in node.inputs]), deps
+        return ew_code(node, args, [self.g.nodes[s].dtype for s in node.inputs]), deps
 
     def reduce(self, nid: int, node: Node, idx: list[Ix]) -> tuple[str, frozenset[str]]:
         (src,) = node.inputs
@@ -256,7 +256,7 @@ class _Gen:
         if kdeps - {"rm"}:
             raise Infeasible(f"reduction %{nid} needed at an index that depends on columns")
         K = math.prod(s_shape[a] for a in axes)
-        BK = min(_pow2_ceil(K), self.cfg.block_k)
+        BK = min(pow2_ceil(K), self.cfg.block_k)
         loop = K > BK
         # save any loop in progress: this reduction is emitted at the top level
         saved = (self.loop, self.loop_var, self.loop_memo)
@@ -265,8 +265,8 @@ class _Gen:
         acc_dt = "float32" if dt == "float16" else dt
         op = node.op
         if op is Op.REDUCE_SUM:
-            ident = _literal(0, acc_dt)
-        elif dt in _FLOAT:
+            ident = literal(0, acc_dt)
+        elif dt in FLOAT_DTYPES:
             ident = 'float("-inf")' if op is Op.REDUCE_MAX else 'float("inf")'
         else:
             info = np.iinfo(np.dtype(dt))
@@ -281,7 +281,7 @@ class _Gen:
             if loop:
                 col = self.fresh("rk")
                 acc = self.fresh("acc")
-                self.top.append(f"{acc} = tl.full([{self.BM}, {BK}], {ident}, {_TL_DTYPE[acc_dt]})")
+                self.top.append(f"{acc} = tl.full([{self.BM}, {BK}], {ident}, {TL_DTYPE[acc_dt]})")
                 body: list[str] = []
                 self.loop, self.loop_var, self.loop_memo = body, col, {}
                 self.masks[col] = f"{col}_mask"
@@ -304,7 +304,7 @@ class _Gen:
                 sidx.append(next(it) if d in axes else next(ki))
             v, vdeps = self.value(src, sidx)
             if acc_dt != dt:
-                v = f"{_paren(v)}.to({_TL_DTYPE[acc_dt]})"
+                v = f"{paren(v)}.to({TL_DTYPE[acc_dt]})"
             mask = self.mask_of(kdeps | {col} | {"rm"})
             sel = f"tl.where({mask}, {v}, {ident})"
             if loop:
@@ -316,7 +316,7 @@ class _Gen:
             else:
                 red = f"{final}({sel}, axis=1)[:, None]"
             if acc_dt != dt:
-                red = f"{red}.to({_TL_DTYPE[dt]})"
+                red = f"{red}.to({TL_DTYPE[dt]})"
         finally:
             self.loop, self.loop_var, self.loop_memo = saved
         name = self.fresh("r")
@@ -372,7 +372,7 @@ class _Gen:
             flat = self.bind(flat)
             mask = self.mask_of(flat.deps)
             ptr = self.hidden_names[nid]
-            load = f"tl.load({ptr} + {_paren(flat.code)}" + (f", mask={mask}, other=0)" if mask else ")")
+            load = f"tl.load({ptr} + {paren(flat.code)}" + (f", mask={mask}, other=0)" if mask else ")")
             pos = Ix(self.emit(("gidx", nid, flat.code), load, flat.deps, "i"), flat.deps)
         return self.value(node.inputs[0], list(idx[:axis]) + [pos] + list(idx[axis + len(ishape) :]))
 
@@ -431,7 +431,7 @@ class _Gen:
         if mode != "constant" or not conds:
             return v, deps
         cdeps = frozenset().union(*(i.deps for i in idx))
-        val = _literal(node.attr("value", 0.0), node.dtype)
+        val = literal(node.attr("value", 0.0), node.dtype)
         code = f"tl.where({' & '.join(conds)}, {v}, {val})"
         return self.emit(("pad", nid, tuple(x.code for x in idx)), code, deps | cdeps), deps | cdeps
 
@@ -480,11 +480,11 @@ class _Gen:
                 conds.append(f"({extra[0].code} < {node.size})")
             full = f"[{self.BM}, {self.BN}]"
             offc = (
-                off.code if off.deps == frozenset({"rm", "rn"}) else f"tl.zeros({full}, tl.int32) + {_paren(off.code)}"
+                off.code if off.deps == frozenset({"rm", "rn"}) else f"tl.zeros({full}, tl.int32) + {paren(off.code)}"
             )
             if vdeps != frozenset({"rm", "rn"}):
                 v = f"tl.broadcast_to({v}, {full})"
-            self.top.append(f"tl.store(out{j}_ptr + {_paren(offc)}, {v}, mask={' & '.join(conds)})")
+            self.top.append(f"tl.store(out{j}_ptr + {paren(offc)}, {v}, mask={' & '.join(conds)})")
             return
         raise err or Infeasible("output")
 
@@ -517,12 +517,12 @@ def _projections(o_shape: tuple[int, ...], a_shape: tuple[int, ...]) -> list[lis
     return out
 
 
-def _anchor(g: Graph) -> int:
+def anchor_of(g: Graph) -> int:
     outputs = list(dict.fromkeys(g.outputs.values()))
     return max(outputs, key=lambda n: (g.nodes[n].size, n))
 
 
-def _has_reduce(g: Graph) -> bool:
+def has_reduce(g: Graph) -> bool:
     return any(n.op in GroupOp.REDUCE for n in g.nodes)
 
 
@@ -531,7 +531,7 @@ def generate(g: Graph, cfg: TritonConfig, name: str = "korch_kernel") -> TritonS
     reason = unsupported_reason(g)
     if reason:
         raise ValueError(f"triton backend cannot generate this kernel: {reason}")
-    anchor = _anchor(g)
+    anchor = anchor_of(g)
     gen = _Gen(g, anchor, cfg)
     out_ids = list(g.outputs.values())
     for j, nid in enumerate(out_ids):

@@ -1,6 +1,6 @@
 """The onnxruntime backend: runs any kernel graph (linear, opaque or memory-bound).
 
-A kernel is exported with ``korch.ir.to_onnx``; its constant inputs (``in{i}_c``) are
+A kernel is exported with ``korch.kernels.ort.export``; its constant inputs (``in{i}_c``) are
 baked in as initializers, so onnxruntime pre-packs weights and fuses epilogues
 (Conv+Add+Relu, MatMul+Add into Gemm/FusedMatMul ...). That is how a linear candidate
 carries its epilogue here. It is also the fallback that makes every primitive runnable.
@@ -23,7 +23,7 @@ from korch.ir.graph import Graph
 from korch.kernels.base import Backend, CompiledKernel, register
 
 
-def _session(model: bytes | str, num_threads: int, spin: bool = False):
+def make_session(model: bytes | str, num_threads: int, spin: bool = False):
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -71,16 +71,16 @@ class OrtKernel(CompiledKernel):
         if n == self._threads or self._model_bytes is None:
             return
         if n not in self._sessions:
-            self._sessions[n] = _session(self._model_bytes, n, self.spin)
+            self._sessions[n] = make_session(self._model_bytes, n, self.spin)
         self.session, self._threads = self._sessions[n], n
         self._run = getattr(self.session, "_sess", self.session).run
 
     def set_spin(self, spin: bool) -> None:
-        """Whether the pool spins during a call: for a kernel that runs alone (see _session)."""
+        """Whether the pool spins during a call: for a kernel that runs alone (see make_session)."""
         if spin == self.spin or self._model_bytes is None:
             return
         self.spin = spin
-        self._sessions = {self._threads: _session(self._model_bytes, self._threads, spin)}
+        self._sessions = {self._threads: make_session(self._model_bytes, self._threads, spin)}
         self.session = self._sessions[self._threads]
         self._run = getattr(self.session, "_sess", self.session).run
 
@@ -122,12 +122,12 @@ class OrtBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
-        from korch.ir.to_onnx import to_onnx
+        from korch.kernels.ort.export import to_onnx
 
         # constant inputs without a value in ``consts`` stay graph inputs, fed at call time
         const_inputs = {name: consts[name] for name in kgraph.inputs if name in consts}
         model = to_onnx(kgraph, const_inputs=const_inputs).SerializeToString()
-        session = _session(model, num_threads)
+        session = make_session(model, num_threads)
         feed = [(name, pos) for pos, name in enumerate(kgraph.inputs) if name not in const_inputs]
         return OrtKernel(session, [n for n, _ in feed], [p for _, p in feed], list(kgraph.outputs), model)
 
@@ -135,7 +135,7 @@ class OrtBackend(Backend):
         path = Path(directory) / meta["file"]
         model = path.read_bytes()
         spin = bool(meta.get("spin", False))
-        session = _session(model, num_threads, spin)
+        session = make_session(model, num_threads, spin)
         return OrtKernel(session, meta["feed_names"], meta["feed_positions"], meta["output_names"], model, spin)
 
     def version(self) -> str:

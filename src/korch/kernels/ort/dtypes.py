@@ -1,4 +1,4 @@
-"""The dtypes onnxruntime's CPU kernels run in, for ``korch.ir.to_onnx``.
+"""The dtypes onnxruntime's CPU kernels run in, for ``korch.kernels.ort.export``.
 
 Note [ONNX dtypes]
 ~~~~~~~~~~~~~~~~~~

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from korch.fission import fission
 from korch.frontend import load_model
-from korch.ir.ort_layout import nchwc_block, pad_channels
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort.export import to_onnx
+from korch.kernels.ort.layout import nchwc_block, pad_channels
 
 BLOCK = nchwc_block()
 C = BLOCK // 2  # a tensor onnxruntime cannot block: padded to BLOCK

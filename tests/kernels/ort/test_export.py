@@ -9,8 +9,8 @@ import pytest
 from onnx import helper
 
 from korch.ir import Graph, GraphBuilder, Op, evaluate, verify
-from korch.ir import to_onnx as to_onnx_mod
-from korch.ir.to_onnx import to_onnx
+from korch.kernels.ort import export as to_onnx_mod
+from korch.kernels.ort.export import to_onnx
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

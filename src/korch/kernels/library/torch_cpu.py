@@ -19,7 +19,7 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.numpy_backend import EpilogueStep, LinearPlan, _load_consts, _save_consts, match_linear
+from korch.kernels.library.numpy_blas import EpilogueStep, LinearPlan, load_consts, match_linear, save_consts
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("torch is not installed")
@@ -41,7 +41,7 @@ def _set_threads(n: int) -> None:
         torch.set_num_threads(n)
 
 
-def _bias_for(plan: LinearPlan, step: EpilogueStep, consts: dict[str, np.ndarray]) -> np.ndarray | None:
+def bias_for(plan: LinearPlan, step: EpilogueStep, consts: dict[str, np.ndarray]) -> np.ndarray | None:
     """The 1-D bias vector if ``step`` adds a constant per output channel (CONV) or per column (2D MATMUL)."""
     opd = step.operand
     if step.op is not Op.ADD or opd is None or opd.scalar is not None or opd.name not in consts:
@@ -72,7 +72,7 @@ class TorchKernel(CompiledKernel):
         steps = list(plan.epilogue)
         self._bias = None
         if steps:
-            bias = _bias_for(plan, steps[0], self.consts)
+            bias = bias_for(plan, steps[0], self.consts)
             if bias is not None:
                 self._bias = torch.from_numpy(bias)
                 steps = steps[1:]
@@ -170,7 +170,7 @@ class TorchKernel(CompiledKernel):
         return [y.numpy()]
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
-        return _save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
+        return save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
 
 
 class TorchBackend(Backend):
@@ -187,7 +187,7 @@ class TorchBackend(Backend):
         return TorchKernel(plan, consts, num_threads)
 
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
-        plan, consts = _load_consts(meta, directory)
+        plan, consts = load_consts(meta, directory)
         return TorchKernel(plan, consts, num_threads)
 
     def version(self) -> str:

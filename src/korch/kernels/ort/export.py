@@ -2,7 +2,7 @@
 
 Used by the onnxruntime backend (the fallback that runs any kernel) and for debugging.
 
-Which dtype each operator is computed in: Note [ONNX dtypes] in ``korch.ir.ort_dtypes``.
+Which dtype each operator is computed in: Note [ONNX dtypes] in ``korch.kernels.ort.dtypes``.
 """
 
 from __future__ import annotations
@@ -13,26 +13,26 @@ import numpy as np
 
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
-from korch.ir.ort_dtypes import compute_dtype
-from korch.ir.ort_layout import pad_channels
-from korch.ir.ort_order import _emit_order, _reassociate_conv_biases
-from korch.ir.ort_rows import flatten_rows
-from korch.ir.ort_subpixel import subpixel_convs
-from korch.ir.raising import (
-    _bypass_broadcasts,
-    _const_input_ids,
-    _is_constant,
-    _model_opset_at_least,
-    _raise_depth_space,
-    _raise_global_average_pools,
-    _raise_hard_activations,
-    _raise_layer_norms,
-    _raise_max_pools,
-    _raise_softmax,
+from korch.kernels.ort.dtypes import compute_dtype
+from korch.kernels.ort.export_opaque import emit_opaque
+from korch.kernels.ort.layout import pad_channels
+from korch.kernels.ort.order import emit_order, reassociate_conv_biases
+from korch.kernels.ort.raising import (
+    bypass_broadcasts,
+    const_input_ids,
+    is_constant,
+    model_opset_at_least,
+    raise_depth_space,
+    raise_global_average_pools,
+    raise_hard_activations,
+    raise_layer_norms,
+    raise_max_pools,
+    raise_softmax,
 )
-from korch.ir.raising_attention import _raise_attention
-from korch.ir.raising_resize import _raise_linear_resizes, _raise_nearest_upsamples, _upsample_factor
-from korch.ir.to_onnx_opaque import _emit_opaque
+from korch.kernels.ort.raising_attention import raise_attention
+from korch.kernels.ort.raising_resize import raise_linear_resizes, raise_nearest_upsamples, upsample_factor
+from korch.kernels.ort.rows import flatten_rows
+from korch.kernels.ort.subpixel import subpixel_convs
 
 INT64_MIN = int(np.iinfo(np.int64).min)
 
@@ -83,7 +83,7 @@ def _tt(dtype: str) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
-class _Exporter:
+class Exporter:
     def __init__(self, graph: Graph, const_inputs: dict[str, np.ndarray], opset: int):
         from onnx import helper, numpy_helper
 
@@ -91,7 +91,7 @@ class _Exporter:
         self.numpy_helper = numpy_helper
         self.g = graph
         self.const_inputs = const_inputs
-        self.const_ids = _const_input_ids(graph, const_inputs)
+        self.const_ids = const_input_ids(graph, const_inputs)
         self.opset = opset
         self.nodes: list = []
         self.inits: list = []
@@ -170,7 +170,7 @@ class _Exporter:
         return name
 
     def is_const(self, nid: int) -> bool:
-        return _is_constant(self.g, nid, lambda n: self.eff.get(n, self.g.nodes[n].inputs), self.const_ids)
+        return is_constant(self.g, nid, lambda n: self.eff.get(n, self.g.nodes[n].inputs), self.const_ids)
 
     def node_dtype(self, nid: int) -> str:
         return self.g.nodes[nid].dtype
@@ -294,7 +294,7 @@ class _Exporter:
             idx = node.gather_indices()
             axis = int(node.attr("axis"))
             in_shape = self.g.nodes[ins[0]].shape
-            factor = _upsample_factor(idx, in_shape[axis])
+            factor = upsample_factor(idx, in_shape[axis])
             if factor and self.opset >= 13 and len(in_shape) >= 3:
                 # nearest upsampling (fission's Resize, Note in fission/resize.py): as a
                 # Resize onnxruntime runs it in its blocked layout, as a Gather on an inner
@@ -461,21 +461,21 @@ def to_onnx(
     from onnx import helper
 
     const_inputs = dict(const_inputs or {})
-    eff = _bypass_broadcasts(graph)
-    raised = {nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_max_pools(graph).items()}
-    raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in _raise_hard_activations(graph).items()})
-    raised.update(_raise_softmax(graph, eff))
-    raised.update(_raise_global_average_pools(graph, eff))
-    raised.update(_raise_depth_space(graph, eff))
-    if _model_opset_at_least(graph, opset, 13):
-        raised.update(_raise_linear_resizes(graph, eff, const_inputs))
-        raised.update(_raise_nearest_upsamples(graph, eff))
-    raised.update(_raise_layer_norms(graph, eff, layer_norm=_model_opset_at_least(graph, opset, 17)))
+    eff = bypass_broadcasts(graph)
+    raised = {nid: ((src,), op, attrs) for nid, (src, op, attrs) in raise_max_pools(graph).items()}
+    raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in raise_hard_activations(graph).items()})
+    raised.update(raise_softmax(graph, eff))
+    raised.update(raise_global_average_pools(graph, eff))
+    raised.update(raise_depth_space(graph, eff))
+    if model_opset_at_least(graph, opset, 13):
+        raised.update(raise_linear_resizes(graph, eff, const_inputs))
+        raised.update(raise_nearest_upsamples(graph, eff))
+    raised.update(raise_layer_norms(graph, eff, layer_norm=model_opset_at_least(graph, opset, 17)))
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
-    attention = _raise_attention(graph, eff, const_inputs, raised)  # over the raised Softmaxes
+    attention = raise_attention(graph, eff, const_inputs, raised)  # over the raised Softmaxes
     raised.update(attention)
     eff.update({nid: srcs for nid, (srcs, _, _) in attention.items()})
-    eff.update(_reassociate_conv_biases(graph, eff, const_inputs, raised))
+    eff.update(reassociate_conv_biases(graph, eff, const_inputs, raised))
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
     domains: dict[str, int] = {}
@@ -487,7 +487,7 @@ def to_onnx(
     if attention:
         domains["com.microsoft"] = max(domains.get("com.microsoft", 0), 1)
     default_opset = domains.pop("", opset)
-    ex = _Exporter(graph, const_inputs, default_opset)
+    ex = Exporter(graph, const_inputs, default_opset)
     ex.eff = eff
     ex.raised = {nid: (op_type, attrs) for nid, (_, op_type, attrs) in raised.items()}
 
@@ -514,7 +514,7 @@ def to_onnx(
             ex.inputs.append(helper.make_tensor_value_info(name, _tt(node.dtype), list(node.shape)))
 
     opaque_groups: dict[tuple, list[str]] = {}
-    for nid in _emit_order(graph, eff, live):
+    for nid in emit_order(graph, eff, live):
         node = graph.nodes[nid]
         if node.op is Op.INPUT:
             continue
@@ -524,7 +524,7 @@ def to_onnx(
                 ex.set_name(nid, ex.init(graph.const_value(nid), cname if cname not in ex.used else f"c_{cname}"))
             continue
         if node.op is Op.OPAQUE:
-            _emit_opaque(ex, graph, live, target, opaque_groups, nid, node)
+            emit_opaque(ex, graph, live, target, opaque_groups, nid, node)
             continue
         out = target.get(nid) or ex.fresh(f"t{nid}")
         ex.set_name(nid, out)

@@ -28,8 +28,8 @@ from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
 from korch.kernels import device as D
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.triton_lower import TritonConfig, TritonSource, unsupported_reason
-from korch.kernels.triton_tiling import choose_and_generate
+from korch.kernels.triton.lower import TritonConfig, TritonSource, unsupported_reason
+from korch.kernels.triton.tiling import choose_and_generate
 
 if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
     raise ImportError("triton and torch are needed for the triton backend")
@@ -188,7 +188,7 @@ _PTR = {
 def compile_offline(src: TritonSource, path: Path, arch: int = 90) -> dict[str, Any]:
     """Compile a generated kernel to a cubin for ``sm_{arch}`` without a GPU (ptxas ships
     with Triton) and return its resource use. Needs ``TRITON_INTERPRET`` unset: run it in
-    a fresh process (``python -m korch.kernels.triton_backend FILE...``)."""
+    a fresh process (``python -m korch.kernels.triton.backend FILE...``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -206,7 +206,7 @@ def compile_offline(src: TritonSource, path: Path, arch: int = 90) -> dict[str, 
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m korch.kernels.triton_backend plan_dir_or_meta.json ...``: compile offline."""
+    """``python -m korch.kernels.triton.backend plan_dir_or_meta.json ...``: compile offline."""
     import json
 
     bad = 0

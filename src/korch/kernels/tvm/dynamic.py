@@ -41,8 +41,8 @@ import numpy as np
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.ops import GroupOp, Op
 from korch.kernels.base import ALIGN, aligned_copy
-from korch.kernels.tvm_backend import _address, carve_outputs, output_layout
-from korch.kernels.tvm_tiling import TileConfig
+from korch.kernels.tvm.backend import buffer_address, carve_outputs, output_layout
+from korch.kernels.tvm.tiling import TileConfig
 
 KEYS = ("serial", "parallel")
 
@@ -119,16 +119,16 @@ class DynamicKernel:
     ):
         from tvm import tirx
 
-        from korch.kernels.tvm_backend import _set_threads, _tvm, host_target, vector_bytes
-        from korch.kernels.tvm_lower import Dynamic, lower
-        from korch.kernels.tvm_schedule import schedule
-        from korch.kernels.tvm_tiling import tile_config_from_solution
+        from korch.kernels.tvm.backend import host_target, import_tvm, set_tvm_threads, vector_bytes
+        from korch.kernels.tvm.lower import Dynamic, lower
+        from korch.kernels.tvm.schedule import schedule
+        from korch.kernels.tvm.tiling import tile_config_from_solution
         from korch.tiling.describe import describe
         from korch.tiling.dynamic import TilingFunction
         from korch.tiling.model import _dynamic_dims
 
         t0 = time.perf_counter()
-        _set_threads(num_threads)  # before TVM's pool starts (it reads TVM_NUM_THREADS once)
+        set_tvm_threads(num_threads)  # before TVM's pool starts (it reads TVM_NUM_THREADS once)
         desc = describe(kgraph)
         if not 0 <= axis < len(desc.axes):
             raise ValueError(f"axis {axis} out of range for a kernel with {len(desc.axes)} axes")
@@ -152,7 +152,7 @@ class DynamicKernel:
             func, report = schedule(lw.func, kgraph, cfg, lw.block_of, lw.copies)
             funcs[f"korch_dyn_{key}"] = func.with_attr("global_symbol", f"korch_dyn_{key}")
             self.reports[key] = report
-        tvm = _tvm()
+        tvm = import_tvm()
         self.lib = tvm.compile(tvm.IRModule(funcs), target=host_target(num_threads))
         self.funcs = {key: self.lib[f"korch_dyn_{key}"] for key in keys}
         self.inputs = [self._arg(kgraph.inputs[name]) for name in lw.input_names]
@@ -209,7 +209,7 @@ class DynamicKernel:
             if a.shape != shape:
                 self.extent_of(inputs)  # raises, saying which input and dim
                 raise ValueError(f"input shapes {[np.shape(x) for x in inputs]} do not match n = {n}")
-            if a.dtype != spec.dtype or not a.flags.c_contiguous or not a.flags.writeable or _address(a) % ALIGN:
+            if a.dtype != spec.dtype or not a.flags.c_contiguous or not a.flags.writeable or buffer_address(a) % ALIGN:
                 a = aligned_copy(np.asarray(a, dtype=spec.dtype, order="C"))
             args.append(a)
         outs = carve_outputs(plan.outs, plan.out_bytes)

@@ -1,14 +1,14 @@
 """Nearest 2x upsampling followed by a 3x3 convolution, as a 2x2 convolution at the low
 resolution whose phases Col2Im interleaves (Note [Sub-pixel convolution]).
 
-Used by ``korch.ir.to_onnx`` on every model it exports; an ONNX-to-ONNX pass.
+Used by ``korch.kernels.ort.export`` on every model it exports; an ONNX-to-ONNX pass.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from korch.ir.ort_layout import finish_rewrite, node_attrs, users_of
+from korch.kernels.ort.layout import finish_rewrite, node_attrs, users_of
 
 # Note [Sub-pixel convolution]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -1,0 +1,1 @@
+"""Library backends for linear kernels with an elementwise epilogue: numpy (BLAS), torch (CPU, CUDA)."""

@@ -1,0 +1,1 @@
+"""Triton: the kernel generator for memory-bound kernels on the cuda target."""

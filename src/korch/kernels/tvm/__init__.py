@@ -1,0 +1,1 @@
+"""TVM TensorIR: the kernel generator for memory-bound kernels on the cpu target."""
