@@ -18,7 +18,7 @@ import numpy as np
 
 from korch.ir import Graph, GraphBuilder, Op, evaluate
 from korch.ir.subgraph import extract, make_kernel
-from korch.kernels.base import all_backends
+from korch.kernels.registry import all_backends
 
 rng = np.random.default_rng(0)
 

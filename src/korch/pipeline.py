@@ -121,7 +121,7 @@ def step_partition(ctx: Context) -> None:
 
 
 def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, ...]:
-    from korch.kernels.base import all_backends
+    from korch.kernels.registry import all_backends
 
     if kind == "opaque":
         return ("ort",)
@@ -286,7 +286,7 @@ def _unrewritten_plan(ctx: Context):
 
 def step_build(ctx: Context) -> None:
     from korch.executable import Executable, Step, TensorSpec, plan_buffers
-    from korch.kernels.base import get_backend
+    from korch.kernels.registry import get_backend
 
     g = ctx.graph
     assert g is not None

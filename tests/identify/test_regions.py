@@ -10,7 +10,7 @@ from korch.fission import fission
 from korch.frontend import load_model
 from korch.ir.ops import GroupOp
 from korch.ir.subgraph import extract, make_kernel
-from korch.kernels.base import get_backend
+from korch.kernels.registry import get_backend
 from korch.models import build
 from korch.partition import partition
 from korch.pipeline import _kernel_consts, library_regions

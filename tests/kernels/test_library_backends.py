@@ -11,7 +11,7 @@ from onnx import helper
 
 from korch.ir import Graph, GraphBuilder, Op, evaluate, verify
 from korch.ir.subgraph import extract, kernel_class, make_kernel
-from korch.kernels.base import all_backends, get_backend
+from korch.kernels.registry import all_backends, get_backend
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 LINEAR_BACKENDS = ["ort", "numpy"] + (["torch"] if HAVE_TORCH else [])
@@ -247,7 +247,7 @@ def test_torch_is_optional():
 
     code = (
         "import sys; sys.modules['torch'] = None\n"  # as if torch were not installed
-        "from korch.kernels.base import all_backends\n"
+        "from korch.kernels.registry import all_backends\n"
         "print(sorted(b.name for b in all_backends() if b.name in ('ort', 'numpy', 'torch')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

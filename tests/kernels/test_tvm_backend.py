@@ -19,7 +19,8 @@ from korch.ir import GraphBuilder, Op, evaluate
 
 tvm = pytest.importorskip("tvm")
 
-from korch.kernels.base import aligned_empty, get_backend  # noqa: E402
+from korch.kernels.base import aligned_empty  # noqa: E402
+from korch.kernels.registry import get_backend  # noqa: E402
 from korch.kernels.tvm.backend import TvmBackend, prepare  # noqa: E402
 from korch.kernels.tvm.tiling import TileConfig, default_tile_config, model_tile_config, root_nests  # noqa: E402
 

@@ -18,11 +18,16 @@ def _kgraph(op: Op):
 
 @pytest.fixture
 def chaos(monkeypatch):
-    """The chaos backend in the workers (they read KORCH_CHAOS) and in this process."""
-    from korch.kernels import base
-    from korch.kernels.chaos_backend import ChaosBackend
+    """The chaos backend in the spawned workers (a plugin: KORCH_BACKENDS) and in this process."""
+    import os
 
-    monkeypatch.setenv("KORCH_CHAOS", "1")
+    from chaos_backend import ChaosBackend
+
+    from korch.kernels import base
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("KORCH_BACKENDS", "chaos_backend")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setitem(base._REGISTRY, "chaos", ChaosBackend())
 
 

@@ -344,7 +344,7 @@ class Executable:
     def load(cls, directory: str | Path, num_threads: int | None = None) -> Executable:
         import os
 
-        from korch.kernels.base import get_backend
+        from korch.kernels.registry import get_backend
 
         d = Path(directory)
         if not (d / "plan.json").exists():

@@ -93,20 +93,3 @@ _REGISTRY: dict[str, Backend] = {}
 def register(backend: Backend) -> Backend:
     _REGISTRY[backend.name] = backend
     return backend
-
-
-def get_backend(name: str) -> Backend:
-    from korch.kernels import registry  # noqa: F401  (populates _REGISTRY)
-
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        from korch.errors import KorchError
-
-        raise KorchError(f"unknown kernel backend {name!r}; available here: {sorted(_REGISTRY)}") from None
-
-
-def all_backends() -> list[Backend]:
-    from korch.kernels import registry  # noqa: F401
-
-    return list(_REGISTRY.values())

@@ -1,18 +1,52 @@
-"""Imports every backend module so each registers itself."""
+"""Every backend, by name: the modules below register themselves on import, in this
+order (the order of a candidate's ``backends``).
+
+Backends whose tool is missing (torch, triton) fail to import and are left out.
+``KORCH_BACKENDS``: more backend modules to import (comma-separated module names), for
+backends that live outside korch; spawned measurement workers read it too.
+"""
+
+from __future__ import annotations
 
 import contextlib
+import importlib
+import os
 
-with contextlib.suppress(ImportError):
-    from korch.kernels.ort import backend  # noqa: F401
-with contextlib.suppress(ImportError):
-    from korch.kernels.library import numpy_blas  # noqa: F401
-with contextlib.suppress(ImportError):
-    from korch.kernels.tvm import backend  # noqa: F401
-with contextlib.suppress(ImportError):
-    from korch.kernels import chaos_backend  # noqa: F401  (registers only with KORCH_CHAOS=1)
-with contextlib.suppress(ImportError):
-    from korch.kernels.library import torch_cpu  # noqa: F401  (only when torch is installed)
-with contextlib.suppress(ImportError):
-    from korch.kernels.library import torch_cuda  # noqa: F401  (cuda target; only when torch is installed)
-with contextlib.suppress(ImportError):
-    from korch.kernels.triton import backend  # noqa: F401  (cuda target; only when triton is installed)
+from korch.errors import KorchError
+from korch.kernels.base import _REGISTRY, Backend
+
+BACKEND_MODULES = (
+    "korch.kernels.ort.backend",
+    "korch.kernels.library.numpy_blas",
+    "korch.kernels.library.torch_cpu",  # only where torch is installed
+    "korch.kernels.tvm.backend",
+    "korch.kernels.library.torch_cuda",  # cuda target; only where torch is installed
+    "korch.kernels.triton.backend",  # cuda target; only where triton is installed
+)
+
+_loaded = False
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for mod in BACKEND_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(mod)
+    for mod in filter(None, (m.strip() for m in os.environ.get("KORCH_BACKENDS", "").split(","))):
+        importlib.import_module(mod)  # a plugin the user named: its ImportError is theirs to see
+    _loaded = True
+
+
+def get_backend(name: str) -> Backend:
+    _load()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KorchError(f"unknown kernel backend {name!r}; available here: {sorted(_REGISTRY)}") from None
+
+
+def all_backends() -> list[Backend]:
+    _load()
+    return list(_REGISTRY.values())

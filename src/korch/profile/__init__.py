@@ -41,7 +41,7 @@ class ProfileStats:
 
 
 def versions_of(backend_name: str) -> str:
-    from korch.kernels.base import get_backend
+    from korch.kernels.registry import get_backend
 
     return f"korch-measure {KORCH_MEASURE_VERSION}; {backend_name} {get_backend(backend_name).version()}"
 

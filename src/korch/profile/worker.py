@@ -74,7 +74,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def _worker_main(conn: Connection, num_threads: int, timing: tuple[int, int, float]) -> None:
-    from korch.kernels.base import all_backends, get_backend
+    from korch.kernels.registry import all_backends, get_backend
     from korch.profile.timing import check_outputs, median, random_inputs, time_kernel
 
     all_backends()  # import every backend (and its library) before the first timed job

@@ -19,7 +19,7 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.library.numpy_blas import EpilogueStep, LinearPlan, load_consts, match_linear, save_consts
+from korch.kernels.epilogue import EpilogueStep, LinearPlan, load_consts, match_linear, save_consts
 
 if importlib.util.find_spec("torch") is None:
     raise ImportError("torch is not installed")

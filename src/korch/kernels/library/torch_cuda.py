@@ -23,7 +23,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels import device as D
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.library.numpy_blas import LinearPlan, load_consts, match_linear, save_consts
+from korch.kernels.epilogue import LinearPlan, load_consts, match_linear, save_consts
 from korch.kernels.library.torch_cpu import bias_for
 
 if importlib.util.find_spec("torch") is None:

@@ -1,4 +1,7 @@
-"""A misbehaving backend for testing measurement isolation (enabled by KORCH_CHAOS=1).
+"""A misbehaving backend for testing measurement isolation (test-only fault injection).
+
+Loaded into spawned workers as a backend plugin: ``KORCH_BACKENDS=chaos_backend`` with
+this folder on ``PYTHONPATH`` (``korch.kernels.registry``).
 
 It runs kernels with the reference interpreter, except that a kernel containing NEG
 segfaults, EXP hangs, LOG raises, SQRT returns wrong numbers, and RECIPROCAL
@@ -64,7 +67,6 @@ class ChaosBackend(Backend):
         raise NotImplementedError
 
 
-if os.environ.get("KORCH_CHAOS") == "1":
-    register(ChaosBackend())
+register(ChaosBackend())
 
 __all__ = ["ChaosBackend"]

@@ -1,0 +1,214 @@
+"""The library backends' pattern: one linear primitive with an elementwise epilogue.
+
+``match_linear`` is what the library backends (numpy, torch on cpu and cuda) accept:
+one linear primitive whose operands are kernel inputs, followed by a chain of
+elementwise primitives (bias add, relu = MAX with scalar 0, scale, sigmoid ...), each
+reading the chain's value once and otherwise only scalars or inputs seen through
+RESHAPE/BROADCAST (numpy broadcasting does those for free). The chain's end is the
+kernel's only output and is written in place into the linear result (``out=``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+
+from korch.ir.graph import Graph
+from korch.ir.ops import Op
+
+EPILOGUE_BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
+EPILOGUE_UNARY = frozenset({Op.NEG, Op.EXP, Op.TANH, Op.SIGMOID, Op.ABS})
+_FLOAT = ("float32", "float64")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+    """A scalar, or kernel input ``pos`` seen through RESHAPE/BROADCAST ``steps``."""
+
+    scalar: float | None = None
+    pos: int = -1
+    name: str = ""
+    steps: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def view(self, x: np.ndarray) -> np.ndarray:
+        """Apply the steps; a trailing BROADCAST is left to the ufunc's broadcasting."""
+        steps = self.steps
+        while steps and steps[-1][0] == "broadcast":
+            steps = steps[:-1]
+        for kind, shape in steps:
+            x = np.reshape(x, shape) if kind == "reshape" else np.broadcast_to(x, shape)
+        return x
+
+    def to_json(self) -> dict:
+        return {
+            "scalar": self.scalar,
+            "pos": self.pos,
+            "name": self.name,
+            "steps": [[k, list(s)] for k, s in self.steps],
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> Operand:
+        return Operand(d["scalar"], d["pos"], d["name"], tuple((k, tuple(s)) for k, s in d["steps"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueStep:
+    op: Op
+    operand: Operand | None = None  # None for unary ops
+    value_left: bool = True  # whether the chain's value is the left operand
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearPlan:
+    op: Op  # MATMUL or CONV
+    a: int  # positions of the linear primitive's operands among the kernel inputs
+    b: int
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    attrs: dict
+    shape: tuple[int, ...]
+    dtype: str
+    epilogue: tuple[EpilogueStep, ...]
+    input_names: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "op": self.op.value,
+            "a": self.a,
+            "b": self.b,
+            "a_shape": list(self.a_shape),
+            "b_shape": list(self.b_shape),
+            "attrs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.attrs.items()},
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "input_names": list(self.input_names),
+            "epilogue": [
+                {"op": s.op.value, "operand": s.operand.to_json() if s.operand else None, "value_left": s.value_left}
+                for s in self.epilogue
+            ],
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> LinearPlan:
+        return LinearPlan(
+            Op(d["op"]),
+            d["a"],
+            d["b"],
+            tuple(d["a_shape"]),
+            tuple(d["b_shape"]),
+            {k: tuple(v) if isinstance(v, list) else v for k, v in d["attrs"].items()},
+            tuple(d["shape"]),
+            d["dtype"],
+            tuple(
+                EpilogueStep(Op(s["op"]), Operand.from_json(s["operand"]) if s["operand"] else None, s["value_left"])
+                for s in d["epilogue"]
+            ),
+            tuple(d["input_names"]),
+        )
+
+
+def match_linear(kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL, Op.CONV})) -> LinearPlan | None:
+    """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one."""
+    nodes = kgraph.nodes
+    if len(kgraph.outputs) != 1:
+        return None
+    positions = {nid: pos for pos, nid in enumerate(kgraph.inputs.values())}
+    names = list(kgraph.inputs)
+    users = kgraph.users()
+    lin = [i for i, n in enumerate(nodes) if n.op in (Op.MATMUL, Op.CONV)]
+    if len(lin) != 1 or nodes[lin[0]].op not in linear_ops:
+        return None
+    lid = lin[0]
+    lnode = nodes[lid]
+    if lnode.dtype not in _FLOAT or any(
+        nodes[i].op is not Op.INPUT or nodes[i].dtype != lnode.dtype for i in lnode.inputs
+    ):
+        return None
+    dtype = lnode.dtype
+
+    def operand(nid: int) -> Operand | None:
+        node = nodes[nid]
+        if node.is_scalar_const:
+            return Operand(scalar=float(node.attr("value")))
+        steps: list[tuple[str, tuple[int, ...]]] = []
+        while node.op in (Op.RESHAPE, Op.BROADCAST):
+            steps.append(("reshape" if node.op is Op.RESHAPE else "broadcast", node.shape))
+            nid = node.inputs[0]
+            node = nodes[nid]
+        if node.op is not Op.INPUT or node.dtype != dtype:
+            return None
+        return Operand(pos=positions[nid], name=node.attr("name"), steps=tuple(reversed(steps)))
+
+    used = {lid} | set(lnode.inputs)
+    cur = lid
+    chain: list[EpilogueStep] = []
+    out_id = next(iter(kgraph.outputs.values()))
+    while cur != out_id:
+        nexts = users[cur]
+        if len(nexts) != 1:
+            return None
+        nid = nexts[0]
+        node = nodes[nid]
+        if node.shape != lnode.shape or node.dtype != dtype:
+            return None
+        if node.op in EPILOGUE_UNARY:
+            chain.append(EpilogueStep(node.op))
+        elif node.op in EPILOGUE_BINARY:
+            x, y = node.inputs
+            if (x == cur) == (y == cur):
+                return None
+            other = y if x == cur else x
+            opd = operand(other)
+            if opd is None:
+                return None
+            chain.append(EpilogueStep(node.op, opd, x == cur))
+            walk = other
+            while nodes[walk].op in (Op.RESHAPE, Op.BROADCAST):
+                used.add(walk)
+                walk = nodes[walk].inputs[0]
+        else:
+            return None
+        used.add(nid)
+        cur = nid
+    for i, n in enumerate(nodes):
+        if n.op not in (Op.INPUT, Op.CONST) and i not in used:
+            return None  # something else is computed
+    attrs = {}
+    if lnode.op is Op.CONV:
+        attrs = {k: lnode.attr(k) for k in ("strides", "dilations", "pads", "group")}
+    a, b = lnode.inputs
+    return LinearPlan(
+        lnode.op,
+        positions[a],
+        positions[b],
+        nodes[a].shape,
+        nodes[b].shape,
+        attrs,
+        lnode.shape,
+        dtype,
+        tuple(chain),
+        tuple(names),
+    )
+
+
+# --- numpy execution -------------------------------------------------------------------
+
+
+def save_consts(backend: str, plan: LinearPlan, consts: dict[str, np.ndarray], directory: Path, stem: str) -> dict:
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, value in consts.items():
+        fname = f"{stem}.{name}.npy"
+        np.save(directory / fname, value)
+        files[name] = fname
+    return {"backend": backend, "plan": json.loads(json.dumps(plan.to_json())), "consts": files}
+
+
+def load_consts(meta: dict, directory: Path) -> tuple[LinearPlan, dict[str, np.ndarray]]:
+    plan = LinearPlan.from_json(meta["plan"])
+    consts = {name: np.load(Path(directory) / fname) for name, fname in meta["consts"].items()}
+    return plan, consts
