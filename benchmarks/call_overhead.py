@@ -17,7 +17,7 @@ import argparse
 import statistics
 
 from korch.api import load
-from korch.bench.compare import random_feeds, time_shuffled
+from korch.profile.e2e import random_feeds, time_shuffled
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 from ort_ops import primitive_export
 
-from korch.bench.compare import time_shuffled
+from korch.profile.e2e import time_shuffled
 
 PASSES = {"rows": "korch.kernels.ort.export.flatten_rows", "subpixel": "korch.kernels.ort.export.subpixel_convs"}
 

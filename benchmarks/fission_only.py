@@ -21,12 +21,12 @@ import time
 
 import onnx
 
-from korch.bench.compare import max_rel_error, random_feeds, time_alternating
 from korch.config import Settings
 from korch.fission import fission
 from korch.frontend import load_model, parse_shape_arg
 from korch.kernels.ort.export import to_onnx
 from korch.models import NAMES, build
+from korch.profile.e2e import max_rel_error, random_feeds, time_alternating
 from korch.rewrite import optimize_graph
 
 

@@ -211,8 +211,8 @@ def run_one(spec: str, args) -> dict:
     import torch
 
     import korch
-    from korch.bench.compare import max_rel_error, ort_session, random_feeds
     from korch.kernels import device as D
+    from korch.profile.e2e import max_rel_error, ort_session, random_feeds
 
     cuda = D.device_name() == "cuda"
     dev = "cuda" if cuda else "cpu"

@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from korch import pipeline as P
 from korch.config import Settings
-from korch.ir.subgraph import extract, make_kernel
+from korch.ir.subgraph import extract, kernel_consts, make_kernel
 from korch.kernels.ort.export import to_onnx
 
 
@@ -34,7 +34,7 @@ def primitive_export(model: str, rewrite: bool) -> bytes:
         fn(ctx)
     g = ctx.graph
     k = make_kernel(g, g.users(), g.compute_ids())
-    return to_onnx(extract(g, k), const_inputs=P._kernel_consts(g, k)).SerializeToString()
+    return to_onnx(extract(g, k), const_inputs=kernel_consts(g, k)).SerializeToString()
 
 
 def profile(model: bytes, threads: int, runs: int) -> tuple[float, list[tuple[str, float, int]]]:

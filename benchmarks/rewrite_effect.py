@@ -18,9 +18,9 @@ import os
 from fission_only import ort_session  # same directory
 
 import korch
-from korch.bench.compare import max_rel_error, random_feeds, time_alternating
 from korch.config import Settings
 from korch.models import NAMES, build
+from korch.profile.e2e import max_rel_error, random_feeds, time_alternating
 
 
 def study(name: str, settings: Settings, rounds: int) -> dict:

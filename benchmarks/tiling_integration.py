@@ -139,9 +139,9 @@ def _memory_kernels(name: str):
 
 
 def cmd_grid(args) -> dict:
+    from korch.ir.subgraph import kernel_consts
     from korch.kernels.tvm.backend import TvmBackend, vector_bytes
     from korch.kernels.tvm.tiling import default_tile_config, model_tile_config
-    from korch.pipeline import _kernel_consts
     from korch.profile.timing import check_outputs, random_inputs, time_kernel
 
     be = TvmBackend()
@@ -159,7 +159,7 @@ def cmd_grid(args) -> dict:
         for h, kg, g, k in pick:
             if not be.supports(kg):
                 continue
-            consts = _kernel_consts(g, k)
+            consts = kernel_consts(g, k)
             mcfg, sol = model_tile_config(kg, args.threads, vb)
             rcfg = default_tile_config(kg, args.threads, vb)
             cfgs = grid_configs(kg, args.threads, vb, extra=(mcfg, rcfg))
@@ -246,8 +246,8 @@ def _time_exes(dirs: list[Path], rounds: int, procs: int = 3) -> tuple[list[floa
     (opaque, the same day), so the median over processes, not their mean. The same
     directory may be given twice: the control (a plan against itself)."""
     import korch
-    from korch.bench.compare import time_alternating
     from korch.bench.isolate import EngineProcess
+    from korch.profile.e2e import time_alternating
 
     rng = np.random.default_rng(0)
     inputs = korch.load(dirs[0]).executable.inputs

@@ -186,15 +186,15 @@ def test_runtime_threads_chosen_saved_and_followed(compiled):
     switching every kernel's thread count leaves the outputs as they were."""
     import json
 
-    from korch.bench.compare import max_rel_error
+    from korch.profile.e2e import max_rel_error
 
     model, out = compiled("mlp")
     r = model.report
     assert r["runtime_threads"] in (1, 2)
     assert set(r["threads_ms"]) == {"1", "2"} and all(v > 0 for v in r["threads_ms"].values())
     # one thread only when it wins by round-relative time (Note [Timing in blocks]), by
-    # median and in most rounds (korch.plans.beats)
-    from korch.plans import beats
+    # median and in most rounds (korch.selection.beats)
+    from korch.selection import beats
 
     t = {
         k: {"rel": r["threads_rel"][k], "median_ms": r["threads_ms"][k], "round_ms": r["threads_round_ms"][k]}
@@ -270,7 +270,7 @@ def test_library_regions_and_plan_check(name, settings, tmp_path):
     # (or the one-kernel baseline: Note [Keeping a plan over the baseline])
     assert set(pc["rel"]) == set(pc["ms"])
     # (or the model as one kernel: Note [The model as a plan])
-    from korch.plans import MODEL_PLAN
+    from korch.selection import MODEL_PLAN
 
     assert MODEL_PLAN in pc["ms"]
     assert (
@@ -292,17 +292,18 @@ def test_unrewritten_plan_runs_the_original_graph(settings, tmp_path):
     onnxruntime kernel, wired to the rewritten graph's inputs and outputs by name; it
     matches onnxruntime and survives save/load."""
     from korch.executable import Executable
-    from korch.pipeline import _unrewritten_plan, run_pipeline
+    from korch.pipeline import plan_inputs, run_pipeline
+    from korch.selection import _model_plan, _unrewritten_plan
 
     ctx = run_pipeline(build("attention"), settings, measure=False)
     assert ctx.report["rewrites_applied"] and ctx.fissioned is not ctx.graph
-    from korch.plans import _model_plan
 
-    chosen, exe = _unrewritten_plan(ctx)
-    assert len(chosen) == 1 and len(exe.steps) == 1 and exe.steps[0].backend == "ort"
+    plan = _unrewritten_plan(plan_inputs(ctx))
+    chosen, exe = plan.chosen, plan.executable
+    assert plan.family == "baseline" and len(chosen) == 1 and len(exe.steps) == 1 and exe.steps[0].backend == "ort"
     assert set(exe.steps[0].nodes) == set(ctx.graph.compute_ids())
     # Note [The model as a plan]: the model as loaded, one kernel, wired by name
-    _, as_model = _model_plan(ctx)
+    as_model = _model_plan(plan_inputs(ctx)).executable
     assert len(as_model.steps) == 1 and as_model.steps[0].kernel._model_bytes == ctx.model.SerializeToString()
     model = build("attention")
     feeds = korch.models.random_inputs(model)
@@ -355,9 +356,9 @@ def test_plan_check_builds_no_more_plans_once_memory_is_full(settings, tmp_path,
     """With the process over PLAN_MEMORY_SHARE of the machine's memory (forced to 0
     here), the plan check builds nothing beyond the BLP's plan, counts the skipped
     plans and keeps the BLP's plan; the result matches."""
-    import korch.plans
+    import korch.selection
 
-    monkeypatch.setattr(korch.plans, "PLAN_MEMORY_SHARE", 0.0)
+    monkeypatch.setattr(korch.selection, "PLAN_MEMORY_SHARE", 0.0)
     compiled = korch.optimize(
         build("mlp"), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7,))
     )
@@ -373,22 +374,23 @@ def test_lean_plan_check_builds_times_and_frees_one_plan_at_a_time(settings, tmp
     import gc
 
     import korch.pipeline
-    import korch.plans
+    import korch.selection
 
-    monkeypatch.setattr(korch.plans, "LEAN_SHARE", 0.0)
+    monkeypatch.setattr(korch.selection, "LEAN_SHARE", 0.0)
 
     def alive() -> int:
         return sum(1 for o in gc.get_objects() if type(o).__name__ == "Executable")
 
     gc.collect()
     before, most = alive(), [0]  # other tests' executables may still be alive
-    build_step = korch.pipeline.step_build
+    build_step = korch.pipeline._build
 
-    def counting_build(ctx):
-        build_step(ctx)
+    def counting_build(ctx, chosen):
+        exe = build_step(ctx, chosen)
         most[0] = max(most[0], alive() - before)
+        return exe
 
-    monkeypatch.setattr(korch.pipeline, "step_build", counting_build)
+    monkeypatch.setattr(korch.pipeline, "_build", counting_build)
     compiled = korch.optimize(
         build("mlp"), output_dir=tmp_path, settings=settings.replace(library_regions=3, region_bias=(0.7,))
     )
@@ -447,7 +449,7 @@ def test_inputs_are_copied_to_alignment_only_for_generated_kernels(name, setting
 
 def test_a_plan_replaces_the_one_kernel_baseline_only_when_faster_by_every_measure():
     """Note [Keeping a plan over the baseline]."""
-    from korch.plans import _keep
+    from korch.selection import _keep
 
     def t(rel, median, rounds):
         return {"rel": rel, "median_ms": median, "round_ms": rounds}
@@ -471,7 +473,7 @@ def test_a_plan_replaces_the_one_kernel_baseline_only_when_faster_by_every_measu
     assert _keep({"x": t(0.95, 9.0, [9.0] * 10)}) == "x"  # no baseline: the best by relative time
     # the model as one onnxruntime kernel comes first (Note [The model as a plan]): a
     # one-region plan faster in only half the rounds does not replace it
-    from korch.plans import MODEL_PLAN
+    from korch.selection import MODEL_PLAN
 
     half = [9.0] * 5 + [11.0] * 5
     assert _keep({"one region": t(0.95, 9.5, half), MODEL_PLAN: t(1.0, 10.0, base)}) == MODEL_PLAN
@@ -508,7 +510,7 @@ def test_thread_check_is_skipped_for_long_calls(monkeypatch):
 
 def test_lean_check_keeps_a_one_kernel_plan_unless_clearly_beaten():
     # Note [Lean plan check]: plans timed apart; a plan of many kernels needs LEAN_MARGIN
-    from korch.plans import LEAN_MARGIN, _lean_keep
+    from korch.selection import LEAN_MARGIN, _lean_keep
 
     close = {"one region": 1075.0, "regions x0.4": 1031.0, "the model": 1852.0}
     assert _lean_keep(close) == "one region"
@@ -525,7 +527,7 @@ def test_near_tie_plan_makes_only_kernels_outside_the_plan_cheaper():
     every kernel FEWER_KERNELS_US more."""
     import types
 
-    from korch.plans import FEWER_KERNELS_US, _near_tie_costs
+    from korch.selection import FEWER_KERNELS_US, _near_tie_costs
 
     cands = [
         types.SimpleNamespace(partition=0, kernel=types.SimpleNamespace(nodes=(1, 2)), cost_us=10.0),
@@ -547,7 +549,7 @@ def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp
     """``Settings.whole_plans`` False: the plan check times no plan of one onnxruntime
     kernel over the whole graph, only the plans korch composed (the BLP's, region-biased,
     near ties, fewer kernels, in place), keeps the fastest by round-relative time, and it matches."""
-    from korch.plans import WHOLE_PLANS
+    from korch.selection import WHOLE_PLANS
 
     compiled = korch.optimize(
         build("yolo_block"),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from korch.bench.compare import max_rel_error, ort_session
-from korch.cli import _settings, build_parser
+from korch.cli import build_parser, settings_from_args
 from korch.config import Settings
 from korch.ir import Op, evaluate, print_graph
 from korch.kernels.ort.export import to_onnx
 from korch.models import build, random_inputs
 from korch.pipeline import STEPS, Context
+from korch.profile.e2e import max_rel_error, ort_session
 
 TOL = 1e-4
 
@@ -73,8 +73,8 @@ def test_rewrite_off_applies_none(attention):
 @pytest.mark.parametrize("command", [["optimize", "m.onnx", "-o", "out"], ["example", "attention"]])
 def test_cli_no_rewrite_flag(command):
     p = build_parser()
-    assert _settings(p.parse_args(command)).rewrite is True
-    assert _settings(p.parse_args([*command, "--no-rewrite"])).rewrite is False
+    assert settings_from_args(p.parse_args(command)).rewrite is True
+    assert settings_from_args(p.parse_args([*command, "--no-rewrite"])).rewrite is False
 
 
 def test_default_settings_rewrite_on():

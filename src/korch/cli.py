@@ -21,12 +21,15 @@ SUMMARY_FIELDS = [
     ("profiling_rounds", "profiling rounds"),
     ("measurements_cached", "measurements from db"),
     ("blp_seconds", "BLP seconds"),
+    ("plan_name", "plan shipped"),
+    ("plan_family", "plan family"),
     ("kernels_chosen", "kernels chosen"),
     ("region_kernels", "library regions chosen"),
     ("redundant_primitives", "redundant primitives"),
     ("runtime_threads", "runtime threads"),
     ("latency_ms", "end-to-end latency (ms)"),
     ("onnxruntime_ms", "onnxruntime latency (ms)"),
+    ("generated_share", "time in korch-generated kernels"),
     ("speedup", "speedup vs onnxruntime"),
     ("max_rel_error", "max relative error"),
     ("optimize_seconds", "optimize seconds"),
@@ -58,7 +61,7 @@ def _parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]] | None:
     return dict(parse_shape_arg(s) for s in items)
 
 
-def _settings(args):
+def settings_from_args(args):
     from korch.config import Settings
 
     kw = {"target": args.target, "progress": not args.quiet, "rewrite": args.rewrite}
@@ -87,7 +90,9 @@ def cmd_optimize(args) -> int:
 
     if not Path(args.model).exists():
         raise KorchError(f"{args.model}: no such file")
-    compiled = optimize(args.model, output_dir=args.output, shapes=_parse_shapes(args.shape), settings=_settings(args))
+    compiled = optimize(
+        args.model, output_dir=args.output, shapes=_parse_shapes(args.shape), settings=settings_from_args(args)
+    )
     print(format_summary(compiled.report))
     print(f"wrote {args.output}/ (plan.json, kernels/, report.json)")
     return 0
@@ -176,9 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--save")
     r.set_defaults(fn=cmd_run)
 
-    from korch.bench.cli import add_parsers  # korch bench, korch explain
+    # commands of other packages (korch bench and korch explain, from korch.bench): plugins
+    # named in the "korch.commands" entry-point group, so the product never imports them
+    from importlib.metadata import entry_points
 
-    add_parsers(sub, common)
+    for ep in sorted(entry_points(group="korch.commands"), key=lambda ep: ep.name):
+        ep.load()(sub, common)
     return p
 
 

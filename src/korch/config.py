@@ -96,7 +96,6 @@ class Settings:
     blp_time_limit_s: float = 60.0
     # threads used by every backend (and the onnxruntime baseline)
     num_threads: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
-    debug: bool = False
     progress: bool = True
 
     def replace(self, **changes) -> Settings:

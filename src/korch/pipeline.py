@@ -11,31 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from korch.config import Settings
-from korch.ir import Graph, GroupOp, Op, verify
-from korch.ir.subgraph import Kernel, canonical_hash, extract, kernel_class, make_kernel
+from korch.ir import Graph, GroupOp, verify
+from korch.ir.subgraph import KernelKind, canonical_hash, extract, kernel_class, make_kernel
+from korch.orchestrate.plan import Candidate, Plan, PlanFamily
 
 log = logging.getLogger("korch")
-
-
-@dataclasses.dataclass
-class Candidate:
-    partition: int
-    kernel: Kernel
-    kind: str
-    hash: str
-    backends: tuple[str, ...]
-    cost_us: float = math.inf
-    backend: str = ""
-    tile_config: Any = None  # tvm: the TileConfig it was measured with (and is built with)
 
 
 @dataclasses.dataclass
@@ -55,6 +41,7 @@ class Context:
     blp_seconds: float = 0.0
     blp_max_seconds: float = 0.0
     executable: Any = None
+    plan: Plan | None = None  # the plan shipped (korch.selection)
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
     stage_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -120,10 +107,10 @@ def step_partition(ctx: Context) -> None:
     ctx.n_states = sum(len(execution_states(ctx.graph, p)) for p in ctx.partitions)
 
 
-def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, ...]:
+def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu") -> tuple[str, ...]:
     from korch.kernels.registry import all_backends
 
-    if kind == "opaque":
+    if kind is KernelKind.OPAQUE:
         return ("ort",)
     backends = [b for b in all_backends() if kind in b.kinds and target in getattr(b, "targets", ("cpu",))]
     names = [b.name for b in backends if b.supports(kgraph)]
@@ -132,7 +119,7 @@ def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, .
         # (onnxruntime) only where no device backend takes the kernel
         on_device = [b.name for b in backends if b.name in names and "cpu" not in b.targets]
         names = on_device or names
-    if kind == "memory":
+    if kind is KernelKind.MEMORY:
         # Generated kernels are the point; onnxruntime only guarantees that every single
         # primitive has some backend.
         for gen in ("tvm", "triton"):
@@ -175,7 +162,7 @@ def step_identify(ctx: Context) -> None:
         if ctx.settings.target == "cpu":
             for nodes in library_regions(g, part, ctx.settings.library_regions):
                 k = make_kernel(g, users, nodes)
-                ctx.candidates.append(Candidate(pi, k, "region", canonical_hash(g, k), ("ort",)))
+                ctx.candidates.append(Candidate(pi, k, KernelKind.REGION, canonical_hash(g, k), ("ort",)))
 
 
 def library_regions(g: Graph, part: list[int], levels: int) -> list[list[int]]:
@@ -200,14 +187,6 @@ def library_regions(g: Graph, part: list[int], levels: int) -> list[list[int]]:
     return out
 
 
-def _kernel_consts(g: Graph, k: Kernel) -> dict[str, np.ndarray]:
-    out = {}
-    for i, src in enumerate(k.inputs):
-        if g.nodes[src].op is Op.CONST:
-            out[f"in{i}_c"] = g.const_value(src)
-    return out
-
-
 def step_profile(ctx: Context) -> None:
     """Tile configs, predictions and measurements (Note [Model-guided profiling])."""
     from korch.orchestrate.guided import step_profile as profile_step
@@ -215,109 +194,66 @@ def step_profile(ctx: Context) -> None:
     profile_step(ctx)
 
 
-# Note [Unmeasurable partitions]
-# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# A partition may have no orchestration among its measured candidates: every candidate
-# writing some output failed its measurement. segformer_b16's decoder did so at the
-# old 4 GiB worker memory limit (each kernel writing its 1 GB concat was killed). A
-# failure to *measure* is not a failure to run, and onnxruntime runs any primitive
-# subgraph correctly, so the partition is solved again with its unmeasured candidates
-# that onnxruntime can run (library regions, linear and opaque kernels) at a penalty
-# cost, ``UNMEASURED_PENALTY_US`` each: the BLP takes as few of them as it can (one
-# region over the unmeasurable part, usually). The report lists such partitions
-# (``unmeasured_partitions``); the optimization completes, the end-to-end check still
-# times the result.
-UNMEASURED_PENALTY_US = 1e9
-
-
 def _solve_all(ctx: Context, cost: Callable[[Candidate], float]) -> list[Candidate]:
-    """The BLP of every partition on ``cost``; the chosen kernels in execution order."""
-    from korch.orchestrate import OrchestrationError, solve
+    """The BLP of every partition on ``cost`` (``korch.orchestrate.choose``); its solve
+    times and unmeasurable partitions recorded in ``ctx``."""
+    from korch.orchestrate.choose import solve_partitions
 
-    g = ctx.graph
-    assert g is not None
-    chosen: list[Candidate] = []
-    for pi, part in enumerate(ctx.partitions):
-        cands = [c for c in ctx.candidates if c.partition == pi]
-        costs = [cost(c) for c in cands]
-        try:
-            orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=ctx.settings.blp_time_limit_s)
-        except OrchestrationError as e:
-            # Note [Unmeasurable partitions]
-            penal = [
-                UNMEASURED_PENALTY_US if not math.isfinite(x) and "ort" in c.backends else x
-                for c, x in zip(cands, costs)
-            ]
-            if penal == costs:
-                raise
-            log.warning(
-                "partition %d: %s; onnxruntime runs its unmeasured part (Note [Unmeasurable partitions])", pi, e
-            )
-            orch = solve(g, part, [c.kernel for c in cands], penal, time_limit_s=ctx.settings.blp_time_limit_s)
-            for i in orch.chosen:
-                if not math.isfinite(costs[i]):
-                    cands[i].backend, cands[i].cost_us = "ort", UNMEASURED_PENALTY_US
-            unmeasured = ctx.report.setdefault("unmeasured_partitions", [])
-            if pi not in unmeasured:
-                unmeasured.append(pi)
-        ctx.blp_seconds += orch.seconds
-        ctx.blp_max_seconds = max(ctx.blp_max_seconds, orch.seconds)
-        chosen.extend(cands[i] for i in orch.order)
-    return chosen
+    assert ctx.graph is not None
+    got = solve_partitions(ctx.graph, ctx.partitions, ctx.candidates, cost, ctx.settings.blp_time_limit_s)
+    ctx.blp_seconds += got.seconds
+    ctx.blp_max_seconds = max(ctx.blp_max_seconds, got.max_seconds)
+    for pi in got.unmeasured:
+        unmeasured = ctx.report.setdefault("unmeasured_partitions", [])
+        if pi not in unmeasured:
+            unmeasured.append(pi)
+    return got.chosen
 
 
 def step_orchestrate(ctx: Context) -> None:
     ctx.chosen = _solve_all(ctx, lambda c: c.cost_us)
 
 
-def step_plans(ctx: Context) -> None:
-    """Pipeline step ``plans``: Note [End-to-end plan check] in ``korch.plans``."""
-    from korch.plans import step_plans as run
+def _build(ctx: Context, chosen: list[Candidate]):
+    from korch.executable.build import build_executable
 
-    run(ctx)
-
-
-def _unrewritten_plan(ctx: Context):
-    """``korch.plans._unrewritten_plan`` (kept here for its callers)."""
-    from korch.plans import _unrewritten_plan as build
-
-    return build(ctx)
+    assert ctx.graph is not None
+    return build_executable(ctx.graph, chosen, ctx.settings.num_threads, ctx.settings.cuda_graph)
 
 
 def step_build(ctx: Context) -> None:
-    from korch.executable import Executable, Step, TensorSpec, plan_buffers
-    from korch.kernels.registry import get_backend
+    ctx.executable = _build(ctx, ctx.chosen)
 
-    g = ctx.graph
-    assert g is not None
-    steps: list[Step] = []
-    by_backend: dict[str, list[int]] = {}
-    for i, c in enumerate(ctx.chosen):
-        steps.append(Step(f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs))
-        by_backend.setdefault(c.backend, []).append(i)
-    for name, idxs in by_backend.items():
-        items = [(extract(g, ctx.chosen[i].kernel), _kernel_consts(g, ctx.chosen[i].kernel)) for i in idxs]
-        tiles = [ctx.chosen[i].tile_config for i in idxs]
-        kw = {"tile_configs": tiles} if any(t is not None for t in tiles) else {}
-        built = get_backend(name).build_many(items, ctx.settings.num_threads, **kw)
-        for i, k in zip(idxs, built):
-            if isinstance(k, Exception):
-                raise RuntimeError(f"building chosen kernel {steps[i].name} with {name} failed: {k}")
-            steps[i].kernel = k
-    inputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.inputs.items()}
-    outputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.outputs.items()}
-    consts: dict[int, np.ndarray] = {}
-    for st in steps:
-        for src in st.inputs:
-            if g.nodes[src].op is Op.CONST:
-                consts[src] = g.const_value(src)
-    for spec in outputs.values():
-        if g.nodes[spec.node].op is Op.CONST:
-            consts[spec.node] = g.const_value(spec.node)
-    sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
-    free_after, stats = plan_buffers(steps, {s.node for s in outputs.values()}, sizes)
-    ctx.executable = Executable(inputs, outputs, consts, steps, free_after, stats)
-    ctx.executable.cuda_graph = ctx.settings.cuda_graph  # device executables only (Note [Device kernels])
+
+def plan_inputs(ctx: Context):
+    """What the final selection stage reads (``korch.selection.PlanInputs``)."""
+    from korch.profile.e2e import time_alternating
+    from korch.selection import PlanInputs
+
+    assert ctx.graph is not None
+    return PlanInputs(
+        graph=ctx.graph,
+        fissioned=ctx.fissioned,
+        model=ctx.model,
+        candidates=ctx.candidates,
+        settings=ctx.settings,
+        rewritten=bool(ctx.report.get("rewrites_applied")),
+        solve=lambda cost: _solve_all(ctx, cost),
+        build=lambda chosen: _build(ctx, chosen),
+        time=time_alternating,
+        report=ctx.report,
+    )
+
+
+def step_plans(ctx: Context) -> None:
+    """The final selection stage (``korch.selection``, Note [End-to-end plan check])."""
+    from korch.selection import select_plan
+
+    base = Plan("blp", PlanFamily.COMPOSED, ctx.chosen, ctx.executable)
+    ctx.executable = None  # the plan holds it (a lean check frees it: Note [Lean plan check])
+    kept = select_plan(plan_inputs(ctx), base)
+    ctx.chosen, ctx.executable, ctx.plan = kept.chosen, kept.executable, kept
+    ctx.report.update(plan_name=kept.name, plan_family=str(kept.family))
 
 
 # Note [Runtime threads]: executables whose call takes longer than this keep
@@ -327,7 +263,7 @@ THREADS_CHECK_MAX_MS = 200.0
 
 def step_threads(ctx: Context) -> None:
     """Pick the executable's thread count by end-to-end time (Note [Runtime threads])."""
-    from korch.bench.compare import random_feeds, time_alternating
+    from korch.profile.e2e import random_feeds, time_alternating
 
     exe, s = ctx.executable, ctx.settings
     assert exe is not None
@@ -357,7 +293,7 @@ def step_threads(ctx: Context) -> None:
 
         return fn
 
-    from korch.plans import beats
+    from korch.selection import beats
 
     t = time_alternating(
         {str(n): run_with(n), "1": run_with(1)},
@@ -382,10 +318,24 @@ def step_threads(ctx: Context) -> None:
 
 
 def step_measure(ctx: Context) -> None:
-    from korch.bench.compare import compare_with_onnxruntime
+    from korch.profile.e2e import compare_with_onnxruntime
 
     assert ctx.executable is not None
     ctx.report.update(compare_with_onnxruntime(ctx.executable, ctx.model, ctx.settings))
+    ctx.report.update(generated_share=generated_share(ctx.executable))
+
+
+def generated_share(exe, runs: int = 5) -> float:
+    """The share of end-to-end time spent in korch-generated kernels (``GENERATORS``),
+    from a few runs with a clock per step; 0 without a generated kernel."""
+    from korch.kernels.registry import GENERATORS
+    from korch.profile.e2e import random_feeds, time_steps
+
+    if not any(st.backend in GENERATORS for st in exe.steps):
+        return 0.0
+    info = time_steps(exe, random_feeds(exe.inputs), runs=runs, max_seconds=5.0)
+    gen = sum(us for st, us in zip(exe.steps, info["step_us"]) if st.backend in GENERATORS)
+    return round(gen / max(info["end_to_end_us"], 1e-9), 3)
 
 
 STEPS: list[tuple[str, Callable[[Context], None]]] = [
@@ -428,8 +378,8 @@ def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = T
         "blp_max_seconds": round(ctx.blp_max_seconds, 3),
         "kernels_chosen": len(ctx.chosen),
         "kernels_by_backend": _count(c.backend for c in ctx.chosen),
-        "region_candidates": sum(1 for c in ctx.candidates if c.kind == "region"),
-        "region_kernels": sum(1 for c in ctx.chosen if c.kind == "region"),
+        "region_candidates": sum(1 for c in ctx.candidates if c.kind is KernelKind.REGION),
+        "region_kernels": sum(1 for c in ctx.chosen if c.kind is KernelKind.REGION),
         "redundant_primitives": redundant,
         "predicted_latency_us": round(sum(c.cost_us for c in ctx.chosen), 1),
         "buffers": ctx.executable.buffer_stats if ctx.executable else {},
@@ -451,7 +401,7 @@ def save_outputs(ctx: Context, out_dir: str | Path) -> None:
     ctx.executable.save(d)
     (d / "report.json").write_text(json.dumps(ctx.report, indent=1, default=str))
     if ctx.graph is not None:  # the primitive graph, for `korch explain`
-        from korch.bench.explain import save_graph_summary
+        from korch.executable.graph_summary import save_graph_summary
 
         save_graph_summary(ctx.graph, d)
 

@@ -123,7 +123,7 @@ def test_bench_reports_a_torch_peer_that_cannot_be_rebuilt(optimized, capsys, tm
     # the sidecar's builder raising (segformer's transformers import did) must not end
     # the run: the torch peers are reported as skipped and the rest is measured
     pytest.importorskip("torch")
-    from korch.bench.suite import sidecar_path
+    from korch.bench.peers import sidecar_path
     from korch.cli import main
 
     root, model = optimized
@@ -165,10 +165,10 @@ def test_engine_process_runs_and_times_an_engine_in_its_own_process(optimized):
     import numpy as np
 
     from korch.api import load
-    from korch.bench.compare import ort_session, time_alternating
     from korch.bench.isolate import EngineProcess
     from korch.bench.suite import bench_feeds
     from korch.errors import KorchError
+    from korch.profile.e2e import ort_session, time_alternating
 
     root, model = optimized
     feeds = bench_feeds(load(root / "out" / "mlp").executable.inputs)

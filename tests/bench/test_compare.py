@@ -1,6 +1,6 @@
 """Timing harness: engines alternate in blocks (Note [Timing in blocks])."""
 
-from korch.bench.compare import time_alternating, time_shuffled
+from korch.profile.e2e import time_alternating, time_shuffled
 
 
 def test_engines_alternate_in_blocks_and_drop_each_blocks_first_call():
@@ -22,7 +22,7 @@ def test_block_of_one_keeps_every_call():
 def test_rel_cancels_drift_between_rounds(monkeypatch):
     # a fake clock: engine "a" takes 2 units, "b" 1 unit, and the machine's speed
     # changes 10x from round to round; the medians mix the phases, rel does not
-    import korch.bench.compare as C
+    import korch.profile.e2e as C
 
     now = [0.0]
     calls = [0]
@@ -47,7 +47,7 @@ def test_quiesce_waits_for_a_spinning_thread_to_stop():
     import threading
     import time
 
-    from korch.bench.compare import quiesce
+    from korch.profile.e2e import quiesce
 
     assert quiesce() < 0.1
 
@@ -61,7 +61,7 @@ def test_quiesce_waits_for_a_spinning_thread_to_stop():
 
 
 def test_quiesce_first_runs_before_each_block(monkeypatch):
-    import korch.bench.compare as C
+    import korch.profile.e2e as C
 
     log: list[str] = []
     monkeypatch.setattr(C, "quiesce", lambda: log.append("q") or 0.0)
@@ -72,7 +72,7 @@ def test_quiesce_first_runs_before_each_block(monkeypatch):
 
 def test_slow_engines_get_blocks_of_two(monkeypatch):
     # calls of SLOW_BLOCK_CALL_MS or more: one dropped call and one kept per block
-    import korch.bench.compare as C
+    import korch.profile.e2e as C
 
     now = [0.0]
 

@@ -9,11 +9,11 @@ import pytest
 from korch.fission import fission
 from korch.frontend import load_model
 from korch.ir.ops import GroupOp
-from korch.ir.subgraph import extract, make_kernel
+from korch.ir.subgraph import extract, kernel_consts, make_kernel
 from korch.kernels.registry import get_backend
 from korch.models import build
 from korch.partition import partition
-from korch.pipeline import _kernel_consts, library_regions
+from korch.pipeline import library_regions
 from korch.profile.timing import check_outputs, random_inputs
 
 
@@ -60,7 +60,7 @@ def test_region_runs_in_onnxruntime_like_the_interpreter(yolo):
     part = max(parts, key=len)
     region = library_regions(g, part, 1)[0]
     k = make_kernel(g, g.users(), region)
-    kg, consts = extract(g, k), _kernel_consts(g, k)
+    kg, consts = extract(g, k), kernel_consts(g, k)
     compiled = get_backend("ort").build(kg, consts, 1)
     args = random_inputs(kg, consts)
     got = compiled([args[i] for i in range(len(args))])

@@ -403,8 +403,8 @@ def test_backend_selection_by_target():
 @pytest.mark.parametrize("name", ["mlp", "attention"])
 def test_optimize_for_cuda_under_interpreter(name, tmp_path):
     import korch
-    from korch.bench.compare import max_rel_error, ort_session, random_feeds
     from korch.models import zoo
+    from korch.profile.e2e import max_rel_error, ort_session, random_feeds
 
     model = zoo.mlp(seq=4, dim=8) if name == "mlp" else zoo.attention(seq=4, dim=8, heads=2)
     cm = korch.optimize(

@@ -13,6 +13,7 @@ import pytest
 
 from korch.config import Settings
 from korch.ir.interp import evaluate
+from korch.ir.subgraph import KernelKind
 from korch.kernels.tvm.tiling import (
     config_from_key,
     config_key,
@@ -352,8 +353,8 @@ def test_seed_spreads_over_predicted_costs_and_respects_what_is_measured():
     from korch.orchestrate.guided import SEED_EVERY, SEED_PER_CLASS, _seed
 
     pred = {f"g{i:02d}": float(i) for i in range(80)} | {"l0": 5.0, "l1": 50.0, "l2": 500.0}
-    klass = {h: ("linear" if h.startswith("l") else "generated") for h in pred}
-    assert SEED_PER_CLASS == {"generated": 4, "linear": 2} and SEED_EVERY == 20
+    klass = {h: (KernelKind.LINEAR if h.startswith("l") else KernelKind.MEMORY) for h in pred}
+    assert SEED_PER_CLASS == {KernelKind.MEMORY: 4, KernelKind.LINEAR: 2} and SEED_EVERY == 20
     # the midpoints of four cost quartiles; three linear workloads: one seed, the median
     assert _seed(pred, klass, set()) == ["g10", "g30", "g50", "g70", "l1"]
     # a resumed database: classes already measured that often get no seed
@@ -395,7 +396,7 @@ def _nb_case():
         cand("g567", [5, 6, 7]),  # Jaccard 3/4 with g5678
         cand("g89", [8, 9]),  # Jaccard 1/5
     ]
-    klass = {"mm": "linear", "mm+2": "linear", "mm+234": "linear"}
+    klass = {"mm": KernelKind.LINEAR, "mm+2": KernelKind.LINEAR, "mm+234": KernelKind.LINEAR}
     pred = {c.hash: 10.0 for c in cands}
     known = {c.hash: None for c in cands} | {"mm": 5.0, "g5678": 20.0}
     return g, cands, known, pred, klass
@@ -446,7 +447,7 @@ def test_seeds_come_from_the_first_rounds_choice_first():
     from korch.orchestrate.guided import _seed
 
     pred = {f"g{i:02d}": float(i) for i in range(80)} | {"l0": 5.0, "l1": 50.0, "l2": 500.0}
-    klass = {h: ("linear" if h.startswith("l") else "generated") for h in pred}
+    klass = {h: (KernelKind.LINEAR if h.startswith("l") else KernelKind.MEMORY) for h in pred}
     prefer = {f"g{i}5" for i in range(8)} | {"l0"}
     # spread over the preferred kernels' costs, as over the whole class without them
     assert _seed(pred, klass, set(), prefer) == ["g15", "g35", "g55", "g75", "l0"]

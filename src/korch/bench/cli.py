@@ -10,7 +10,7 @@ from korch.errors import KorchError
 
 def cmd_bench(args) -> int:
     from korch.bench.suite import ALL_PEERS, run_bench
-    from korch.cli import _settings
+    from korch.cli import settings_from_args
 
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     bad = [p for p in peers if p not in ALL_PEERS]
@@ -23,7 +23,7 @@ def cmd_bench(args) -> int:
     run_bench(
         args.models,
         out,
-        _settings(args),
+        settings_from_args(args),
         peers=peers,
         rounds=args.rounds,
         tvm_runs=args.tvm_runs,

@@ -21,14 +21,15 @@ from __future__ import annotations
 import html
 import json
 import shutil
-import statistics
 import subprocess
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from korch.errors import KorchError
+from korch.executable.graph_summary import GRAPH_FILE, graph_summary
+from korch.kernels.registry import GENERATORS
+from korch.profile.e2e import time_steps
 
 CLASS_COLOURS = {
     "elementwise": "#a6d96a",
@@ -40,38 +41,6 @@ CLASS_COLOURS = {
     "source": "#ffffff",
 }
 KERNEL_COLOURS = {"tvm": "#1a9850", "ort": "#2166ac", "numpy": "#762a83", "torch": "#d6604d"}
-GRAPH_FILE = "graph.json"
-
-
-# --- the primitive graph beside the executable ----------------------------------------------
-def graph_summary(graph) -> dict[str, Any]:
-    """What explain needs of the primitive graph: per node op, class, inputs, shape, dtype."""
-    import onnx
-
-    from korch.ir.ops import Op, category
-
-    nodes = []
-    for n in graph.nodes:
-        d: dict[str, Any] = {
-            "op": n.op.value,
-            "class": category(n.op),
-            "inputs": list(n.inputs),
-            "shape": list(n.shape),
-        }
-        d["dtype"] = n.dtype
-        if n.op is Op.OPAQUE:
-            try:
-                d["op"] = "opaque:" + onnx.NodeProto.FromString(dict(n.attrs)["node"]).op_type
-            except Exception:  # noqa: BLE001 - a label only
-                pass
-        if n.op is Op.CONST and n.is_scalar_const:
-            d["scalar"] = True
-        nodes.append(d)
-    return {"nodes": nodes, "inputs": dict(graph.inputs), "outputs": dict(graph.outputs)}
-
-
-def save_graph_summary(graph, directory: str | Path) -> None:
-    Path(directory, GRAPH_FILE).write_text(json.dumps(graph_summary(graph)))
 
 
 def _load_graph(d: Path, report: dict) -> dict[str, Any]:
@@ -102,55 +71,6 @@ def _load_graph(d: Path, report: dict) -> dict[str, Any]:
             f"{d}: no {GRAPH_FILE}, and rebuilding the primitive graph from {model} does not match; re-optimize"
         )
     return g
-
-
-# --- timing ---------------------------------------------------------------------------------
-def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[str, Any]:
-    """Per-step medians, dispatch overhead and end to end, from runs with a clock per step."""
-    n = len(exe.steps)
-    per: list[list[float]] = [[] for _ in range(n)]
-    totals: list[float] = []
-    overheads: list[float] = []
-    pc = time.perf_counter
-    t_start = pc()
-    for r in range(runs + 2):
-        ts = [0.0] * n
-        t0 = pc()
-        env = exe.check_inputs(feeds)
-        env.update(exe.consts)
-        for i, (step, free) in enumerate(zip(exe.steps, exe.free_after)):
-            args = [env[j] for j in step.inputs]
-            a = pc()
-            outs = step.kernel(args)
-            ts[i] = pc() - a
-            for nid, val in zip(step.outputs, outs):
-                env[nid] = val
-            for nid in free:
-                env.pop(nid, None)
-        total = pc() - t0
-        if r < 2:
-            continue  # warm-up
-        totals.append(total)
-        overheads.append(total - sum(ts))
-        for i in range(n):
-            per[i].append(ts[i])
-        if pc() - t_start > max_seconds and len(totals) >= 3:
-            break
-    plain = []
-    for _ in range(max(3, min(runs, len(totals)))):
-        a = pc()
-        exe(feeds)
-        plain.append(pc() - a)
-    step_us = [statistics.median(p) * 1e6 for p in per]
-    dispatch_us = max(0.0, statistics.median(overheads) * 1e6)
-    return {
-        "step_us": step_us,
-        "dispatch_us": dispatch_us,
-        "end_to_end_us": sum(step_us) + dispatch_us,
-        "plain_end_to_end_us": statistics.median(plain) * 1e6,
-        "instrumented_median_us": statistics.median(totals) * 1e6,
-        "runs": len(totals),
-    }
 
 
 def _kernel_class(nodes: Sequence[int], g: dict) -> str:
@@ -214,10 +134,22 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         "runs": t["runs"],
         "redundant_primitives": sum(c - 1 for c in count.values() if c > 1),
         "top": sorted(kernels, key=lambda k: -k["us"])[:top],
-        "report": {k: compiled.report.get(k) for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us")},
+        "report": {
+            k: compiled.report.get(k)
+            for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us", "plan_name", "plan_family")
+        },
+        # the share of end-to-end time in kernels korch generated (TVM, Triton)
+        "generated_share": sum(k["us"] for k in kernels if k["backend"] in GENERATORS) / max(t["end_to_end_us"], 1e-9),
         "graph": g,
         "steps": exe.steps,
     }
+
+
+def _plan_line(info: dict[str, Any]) -> str:
+    r = info["report"]
+    name, family = r.get("plan_name"), r.get("plan_family")
+    plan = f"plan shipped: {name!r} ({family})" if name else "plan shipped: not recorded"
+    return f"{plan}; {100 * info['generated_share']:.1f}% of end-to-end time in korch-generated kernels"
 
 
 def format_explain(info: dict[str, Any]) -> str:
@@ -227,6 +159,7 @@ def format_explain(info: dict[str, Any]) -> str:
         f"{info['outdir']}: {len(info['kernels'])} kernels, end to end {e2e / 1e3:.3f} ms "
         f"(uninstrumented {info['plain_end_to_end_us'] / 1e3:.3f} ms, {info['runs']} runs), "
         f"{info['redundant_primitives']} redundant primitive computations",
+        _plan_line(info),
         "",
         f"{'class/backend':<20} {'kernels':>7} {'ms':>9} {'share':>6}",
     ]
@@ -421,4 +354,4 @@ def explain_json(info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k not in ("graph", "steps")}
 
 
-__all__ = ["explain", "format_explain", "render", "save_graph_summary", "time_steps", "to_dot", "to_svg"]
+__all__ = ["explain", "format_explain", "render", "to_dot", "to_svg"]

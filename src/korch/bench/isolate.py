@@ -7,7 +7,7 @@ peers in one process and interleave them (Note [Timing in blocks]). On this 2-co
 VM the engines disturbed each other by more than the differences being measured: an
 executable that is one onnxruntime session of the model, node for node the peer's
 graph, timed 2-7% slower than the peer on five suite models, while the two sessions
-alone in a process timed equal (benchmarks/RESULTS.md, seventh session). Thread
+alone in a process timed equal (benchmarks/RESULTS.md in git history). Thread
 pools, allocator arenas and spinning threads of every engine shared one process.
 
 So each engine now lives in a spawned process of its own (``EngineProcess``): it
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from korch.bench.compare import quiesce
 from korch.errors import KorchError
+from korch.profile.e2e import quiesce
 
 START_TIMEOUT_S = 900.0  # torch.compile of a batch-16 model, on a loaded machine
 CALL_TIMEOUT_S = 600.0
@@ -55,14 +55,14 @@ def _build(kind: str, spec: str, feeds: dict, out_names: list[str], threads: int
         compiled = load(spec)  # with the thread count korch chose (Note [Runtime threads])
         return (lambda: compiled(feeds)), info
     if kind == "ort":
-        from korch.bench.compare import ort_session
+        from korch.profile.e2e import ort_session
 
         sess = ort_session(Path(spec).read_bytes(), threads)
         return (lambda: dict(zip(out_names, sess.run(None, feeds)))), info
     if kind in ("eager", "compile"):
         import torch
 
-        from korch.bench.suite import _torch_runner, torch_module
+        from korch.bench.peers import torch_module, torch_runner
 
         torch.set_num_threads(threads)
         built = torch_module(Path(spec))
@@ -71,11 +71,11 @@ def _build(kind: str, spec: str, feeds: dict, out_names: list[str], threads: int
         module, in_names = built
         if kind == "compile":
             t0 = time.perf_counter()
-            run = _torch_runner(torch.compile(module), in_names, feeds, out_names)
+            run = torch_runner(torch.compile(module), in_names, feeds, out_names)
             run()
             info["compile_seconds"] = round(time.perf_counter() - t0, 1)
             return run, info
-        return _torch_runner(module, in_names, feeds, out_names), info
+        return torch_runner(module, in_names, feeds, out_names), info
     raise KorchError(f"unknown engine {kind!r}")
 
 

@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from korch.bench.compare import max_rel_error, ort_session, time_alternating
+from korch.bench.peers import sidecar_path, torch_module, torch_runner, tvm_runner
 from korch.config import Settings
 from korch.errors import KorchError
+from korch.profile.e2e import max_rel_error, ort_session, time_alternating
 
 log = logging.getLogger("korch")
 
@@ -78,71 +79,6 @@ def _loadavg() -> list[float]:
         return []
 
 
-# --- peers -----------------------------------------------------------------------------------
-def sidecar_path(model: Path) -> Path:
-    return model.with_suffix("").with_suffix(".torch.json")
-
-
-def torch_module(model: Path):
-    """(module, ordered input names) rebuilt from the model's torch sidecar, or None."""
-    sc = sidecar_path(model)
-    if not sc.exists():
-        return None
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        log.warning("torch is not installed: skipping the PyTorch peers")
-        return None
-    meta = json.loads(sc.read_text())
-    script = Path(meta["script"])
-    if not script.is_absolute():
-        script = sc.parent / script
-    spec = importlib.util.spec_from_file_location("_korch_suite_builders", script)
-    if spec is None or spec.loader is None:
-        raise KorchError(f"{sc}: cannot import builder script {script}")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    module, feeds = mod.build(meta["builder"], meta.get("batch", 1), meta.get("seed", 0))
-    return module, list(feeds)
-
-
-def _torch_runner(module, input_names: list[str], feeds: dict[str, np.ndarray], out_names: list[str]):
-    import torch
-
-    tfeeds = [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in input_names]
-
-    def run():
-        with torch.inference_mode():
-            out = module(*tfeeds)
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        return dict(zip(out_names, (o.numpy() for o in outs)))
-
-    return run
-
-
-def _tvm_runner(model_path: Path, feeds: dict[str, np.ndarray], out_names: list[str], threads: int):
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from korch.frontend import load_model
-
-    folded = load_model(str(model_path))
-    mod = from_onnx(folded, keep_params_in_input=False)
-    ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "num-cores": threads}))
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    names = [i.name for i in folded.graph.input]
-    args = [tvm.runtime.tensor(np.ascontiguousarray(feeds[n])) for n in names]
-
-    def run():
-        out = vm["main"](*args)
-        outs = [out] if hasattr(out, "numpy") else list(out)
-        return dict(zip(out_names, (o.numpy() for o in outs)))
-
-    return run
-
-
-# --- one model -------------------------------------------------------------------------------
 def _optimize_job(model: str, out_dir: str, settings: Settings) -> float | None:
     from korch.api import optimize
 
@@ -210,12 +146,12 @@ def _in_process_engines(model: Path, compiled, feeds, settings: Settings, peers,
             torch.set_num_threads(settings.num_threads)
             module, in_names = built
             if "eager" in peers:
-                fns["eager"] = _torch_runner(module, in_names, feeds, out_names)
+                fns["eager"] = torch_runner(module, in_names, feeds, out_names)
                 errors["eager"] = max_rel_error(fns["eager"](), want)  # type: ignore[arg-type]
             if "compile" in peers:
                 t0 = time.perf_counter()
                 try:
-                    fns["compile"] = _torch_runner(torch.compile(module), in_names, feeds, out_names)
+                    fns["compile"] = torch_runner(torch.compile(module), in_names, feeds, out_names)
                     errors["compile"] = max_rel_error(fns["compile"](), want)  # type: ignore[arg-type]
                     row["compile_seconds"] = round(time.perf_counter() - t0, 1)
                 except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
@@ -309,7 +245,7 @@ def bench_model(
     if "tvm" in peers:
         try:
             t0 = time.perf_counter()
-            run = _tvm_runner(model, feeds, out_names, settings.num_threads)
+            run = tvm_runner(model, feeds, out_names, settings.num_threads)
             errors["tvm"] = max_rel_error(run(), want)  # type: ignore[arg-type]
             row["tvm_build_seconds"] = round(time.perf_counter() - t0, 1)
             samples = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -137,22 +138,35 @@ IMPLS: dict[Op, Callable[..., np.ndarray]] = {
 }
 
 
-def eval_node(graph: Graph, nid: int, args: Sequence[np.ndarray]) -> np.ndarray:
-    """Evaluate one primitive on concrete inputs; the result has the node's shape and dtype."""
+def eval_node(
+    graph: Graph,
+    nid: int,
+    args: Sequence[np.ndarray],
+    opaque: Callable[[Node, Sequence[np.ndarray]], Any] | None = None,
+) -> np.ndarray:
+    """Evaluate one primitive on concrete inputs; the result has the node's shape and dtype.
+
+    ``opaque``: how to run an OPAQUE node (default: ONNX's reference evaluator)."""
     node = graph.nodes[nid]
     if node.op is Op.CONST:
         return graph.const_value(nid)
-    out = IMPLS[node.op](node, *args)
+    out = opaque(node, args) if opaque is not None and node.op is Op.OPAQUE else IMPLS[node.op](node, *args)
     out = np.asarray(out)
     if out.dtype != np.dtype(node.dtype):
         out = out.astype(node.dtype)
     return np.ascontiguousarray(out).reshape(node.shape)  # ascontiguousarray makes 0-d arrays 1-d
 
 
-def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], keep_all: bool = False) -> dict:
+def evaluate(
+    graph: Graph,
+    inputs: Mapping[str, np.ndarray],
+    keep_all: bool = False,
+    opaque: Callable[[Node, Sequence[np.ndarray]], Any] | None = None,
+) -> dict:
     """Run the graph on numpy inputs keyed by input name; returns outputs keyed by name.
 
-    With ``keep_all`` it returns ``{node_id: value}`` for every node instead.
+    With ``keep_all`` it returns ``{node_id: value}`` for every node instead. ``opaque``
+    runs OPAQUE nodes (``eval_node``).
     """
     values: list[np.ndarray | None] = [None] * len(graph.nodes)
     for nid, node in enumerate(graph.nodes):
@@ -164,7 +178,7 @@ def evaluate(graph: Graph, inputs: Mapping[str, np.ndarray], keep_all: bool = Fa
         else:
             # IEEE semantics (NaN/Inf results) as onnxruntime gives them, without numpy's warnings
             with np.errstate(all="ignore"):
-                values[nid] = eval_node(graph, nid, [values[i] for i in node.inputs])  # type: ignore[misc]
+                values[nid] = eval_node(graph, nid, [values[i] for i in node.inputs], opaque)  # type: ignore[misc]
     if keep_all:
         return dict(enumerate(values))
     return {name: values[nid] for name, nid in graph.outputs.items()}

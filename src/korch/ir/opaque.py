@@ -1,4 +1,8 @@
-"""Opaque primitives: ONNX operators without a fission rule, run by onnxruntime.
+"""Opaque primitives: ONNX operators without a fission rule.
+
+The reference interpreter runs one with ONNX's own reference evaluator
+(``onnx.reference``, numpy); executables run them through a backend (onnxruntime:
+``korch.kernels.ort``), which may pass its own runner to ``korch.ir.interp.evaluate``.
 
 An OPAQUE node carries the original NodeProto (serialized, inputs renamed ``in0..``,
 outputs ``out0..``), the opset imports, and which of the node's outputs it stands
@@ -44,21 +48,24 @@ def opaque_model_bytes(node: Node, in_shapes: Sequence[tuple], in_dtypes: Sequen
 
 
 @functools.lru_cache(maxsize=256)
-def _session(model_bytes: bytes):
-    import onnxruntime as ort
+def _evaluator(model_bytes: bytes):
+    import onnx
+    from onnx.reference import ReferenceEvaluator
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, opts, providers=["CPUExecutionProvider"])
+    return ReferenceEvaluator(onnx.load_model_from_string(model_bytes))
+
+
+def opaque_input_names(node: Node) -> list[str]:
+    """The names of the operator's present inputs, in order."""
+    import onnx
+
+    proto = onnx.NodeProto()
+    proto.ParseFromString(node.attr("node"))
+    return [n for n in proto.input if n]
 
 
 def run_opaque(node: Node, xs: Sequence[np.ndarray]) -> np.ndarray:
-    import onnx
-
+    """The reference value of an OPAQUE node on ``xs`` (ONNX's reference evaluator)."""
     model = opaque_model_bytes(node, [x.shape for x in xs], [str(x.dtype) for x in xs])
-    sess = _session(model)
-    proto = onnx.NodeProto()
-    proto.ParseFromString(node.attr("node"))
-    names = [n for n in proto.input if n]
-    (out,) = sess.run(None, dict(zip(names, xs)))
-    return out
+    (out,) = _evaluator(model).run(None, dict(zip(opaque_input_names(node), xs)))
+    return np.asarray(out)

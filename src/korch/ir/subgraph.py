@@ -14,12 +14,27 @@ places of one model) hash the same and share one measurement.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 from collections.abc import Iterable
+
+import numpy as np
 
 from korch.ir.graph import Graph, GraphBuilder
 from korch.ir.ops import GroupOp, Op
 from korch.ir.text import print_graph
+
+
+class KernelKind(str, enum.Enum):
+    """What kind of kernel a candidate is, which decides the backends that may build it."""
+
+    MEMORY = "memory"  # memory-bound primitives only: a kernel generator's (TVM, Triton)
+    LINEAR = "linear"  # one linear primitive and its epilogue: a library's
+    OPAQUE = "opaque"  # an opaque primitive: onnxruntime's
+    REGION = "region"  # a library region, several linear primitives (Note [Library regions])
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +89,21 @@ def canonical_hash(graph: Graph, kernel: Kernel) -> str:
     return hashlib.sha256(print_graph(extract(graph, kernel)).encode()).hexdigest()[:24]
 
 
-def kernel_class(graph: Graph, kernel: Kernel) -> str:
-    """'opaque', 'linear' (a linear primitive plus epilogue) or 'memory' (generated)."""
+def kernel_class(graph: Graph, kernel: Kernel) -> KernelKind:
+    """OPAQUE, LINEAR (a linear primitive plus epilogue) or MEMORY (generated)."""
     ops = {graph.nodes[n].op for n in kernel.nodes}
     if ops & GroupOp.OPAQUE:
-        return "opaque"
+        return KernelKind.OPAQUE
     if ops & GroupOp.LINEAR:
-        return "linear"
-    return "memory"
+        return KernelKind.LINEAR
+    return KernelKind.MEMORY
+
+
+def kernel_consts(graph: Graph, kernel: Kernel) -> dict[str, np.ndarray]:
+    """The values of the named constants ``kernel`` reads, by their ``extract`` names
+    (``in{i}_c``): what a backend bakes into the kernel it builds."""
+    out = {}
+    for i, src in enumerate(kernel.inputs):
+        if graph.nodes[src].op is Op.CONST:
+            out[f"in{i}_c"] = graph.const_value(src)
+    return out

@@ -1,4 +1,4 @@
-"""The verifier: run between stages in tests and under ``Settings.debug``."""
+"""The verifier: run after fission and after the rewrites, and between stages in tests."""
 
 from __future__ import annotations
 

@@ -24,6 +24,9 @@ BACKEND_MODULES = (
     "korch.kernels.triton.backend",  # cuda target; only where triton is installed
 )
 
+# the backends whose kernels korch generates (the others are libraries)
+GENERATORS = frozenset({"tvm", "triton"})
+
 _loaded = False
 
 

@@ -8,8 +8,8 @@ import math
 # Note [Confirming near ties]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # One measurement of a kernel is one sample of a noisy machine: on this VM the same
-# onnxruntime region of yolo_block measured 143 us in one run and 208 us in the next
-# (Dec 2 2026), and the run that saw 208 built its plan around it, 1.3x slower end to
+# onnxruntime region of yolo_block measured 143 us in one run and 208 us in the next,
+# and the run that saw 208 built its plan around it, 1.3x slower end to
 # end than the other run's. Interference only ever slows a kernel, so a second
 # measurement at another moment, keeping the faster median, is closer to the kernel's
 # own time. Measuring everything twice would double profiling; what decides the plan
@@ -33,7 +33,7 @@ def confirm_near_ties(ctx, workloads: dict, results: dict, db, pool) -> tuple[in
     from korch.profile import profile
 
     g, s = ctx.graph, ctx.settings
-    margin = float(getattr(s, "confirm_margin", 0.0))
+    margin = s.confirm_margin
     if margin <= 0:
         return 0, 0
     best: dict[str, tuple[float, str]] = {}  # workload -> (measured cost, its backend)

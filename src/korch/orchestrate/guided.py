@@ -66,6 +66,7 @@ import time
 from typing import Any
 
 from korch.ir.graph import Graph
+from korch.ir.subgraph import KernelKind
 
 
 @dataclasses.dataclass
@@ -89,7 +90,7 @@ def _tile_and_predict(kgraph: Graph, settings, vector_bytes: int) -> tuple[Any, 
     except Exception:  # noqa: BLE001 - a kernel the model cannot handle: rule config, measured
         return default_tile_config(kgraph, settings.num_threads, vector_bytes), None
     pred = sol.time_us if sol is not None and math.isfinite(sol.time_us) else None
-    if getattr(settings, "tile_configs", "model") != "model" or sol is None:
+    if settings.tile_configs != "model" or sol is None:
         cfg = default_tile_config(kgraph, settings.num_threads, vector_bytes)
         if pred is not None and not cfg.parallel and sol.cores > 1:
             # predict the kernel that is built: the rule runs it on one thread
@@ -153,10 +154,9 @@ def _cost(results, w, backends) -> float | None:
 
 def step_profile(ctx) -> None:
     """Pipeline step ``profile`` (Note [Model-guided profiling])."""
-    from korch.ir.subgraph import extract
+    from korch.ir.subgraph import extract, kernel_consts
     from korch.kernels.tvm.tiling import config_key
     from korch.orchestrate.confirm import confirm_near_ties
-    from korch.pipeline import _kernel_consts
     from korch.profile import ProfileStats, Workload, profile, versions_of
     from korch.profile.db import ResultsDB
     from korch.profile.worker import WorkerPool
@@ -166,7 +166,7 @@ def step_profile(ctx) -> None:
     workloads: dict[str, Workload] = {}
     for c in ctx.candidates:
         if c.hash not in workloads:
-            workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), _kernel_consts(g, c.kernel), c.backends)
+            workloads[c.hash] = Workload(c.hash, c.kind, extract(g, c.kernel), kernel_consts(g, c.kernel), c.backends)
 
     gs = GuidedStats()
     pred: dict[str, float] = {}
@@ -180,14 +180,14 @@ def step_profile(ctx) -> None:
             w.tile_config, w.config = cfg, config_key(cfg)
             if p is not None and w.backends == ("tvm",):
                 pred[w.hash] = p
-    klass = dict.fromkeys(pred, "generated")
-    if getattr(s, "guided_linear", True):
+    klass = dict.fromkeys(pred, KernelKind.MEMORY)
+    if s.guided_linear:
         from korch.rewrite.cost import default_cost
 
         for w in workloads.values():
-            if w.kind == "linear" and w.hash not in pred and w.backends:
+            if w.kind == KernelKind.LINEAR and w.hash not in pred and w.backends:
                 pred[w.hash] = default_cost(w.kgraph) * 1e6  # roofline, Note [Model-guided profiling]
-                klass[w.hash] = "linear"
+                klass[w.hash] = KernelKind.LINEAR
     gs.prediction_seconds = time.perf_counter() - t0
     gs.predicted = len(pred)
 
@@ -207,7 +207,7 @@ def step_profile(ctx) -> None:
         stats.seconds += st.seconds
 
     try:
-        if not getattr(s, "guided_profiling", False) or not pred:
+        if not s.guided_profiling or not pred:
             measure(list(workloads.values()))
             gs.rounds = 1
         else:
@@ -220,7 +220,7 @@ def step_profile(ctx) -> None:
             measure([w for h, w in workloads.items() if h not in pred])
             # Note [Model-guided profiling], step 2: seeds among what an uncalibrated
             # first round would choose
-            z = getattr(s, "guided_optimism", 1.0)
+            z = s.guided_optimism
             first = _round_wants(ctx, workloads, pred, results, klass, z, 0.0)
             seed = _seed(pred, klass, {h for h, _ in results}, first)
             gs.seeded = len(seed)
@@ -259,13 +259,13 @@ def step_profile(ctx) -> None:
         measurements_confirmed=confirmed[0],
         confirmed_faster=confirmed[1],
         prediction_seconds=round(gs.prediction_seconds, 3),
-        tile_configs=getattr(s, "tile_configs", "model"),
+        tile_configs=s.tile_configs,
     )
 
 
 # workloads of each predicted class measured before the first round (Note [Model-guided
 # profiling], step 2): at most this many, and one per SEED_EVERY of the class's workloads
-SEED_PER_CLASS = {"generated": 4, "linear": 2}
+SEED_PER_CLASS = {KernelKind.MEMORY: 4, KernelKind.LINEAR: 2}
 SEED_EVERY = 20
 
 
@@ -283,7 +283,7 @@ def _seed(
     same way; a class with too few there is filled from the rest."""
     out: list[str] = []
     for cls, most in SEED_PER_CLASS.items():
-        hs = sorted((h for h in pred if klass.get(h, "generated") == cls), key=lambda h: (pred[h], h))
+        hs = sorted((h for h in pred if klass.get(h, KernelKind.MEMORY) == cls), key=lambda h: (pred[h], h))
         k = min(most, max(1, -(-len(hs) // SEED_EVERY)))
         have = sum(1 for h in hs if h in measured)
         todo = [h for h in hs if h not in measured]
@@ -355,21 +355,21 @@ def _neighbour_scales(g, cands, known: dict, pred: dict, klass: dict, z: float, 
                 index.setdefault(n, []).append(c)
 
     def nearest(c) -> float | None:
-        cls = klass.get(c.hash, "generated")
+        cls = klass.get(c.hash, KernelKind.MEMORY)
         nodes = set(c.kernel.nodes)
-        anchors = {n for n in nodes if g.nodes[n].op in linear} if cls == "linear" else set()
+        anchors = {n for n in nodes if g.nodes[n].op in linear} if cls == KernelKind.LINEAR else set()
         best, best_j = None, -1.0
         seen = set()
         for n in nodes:
             for m in index.get(n, ()):
-                if m.hash == c.hash or id(m) in seen or klass.get(m.hash, "generated") != cls:
+                if m.hash == c.hash or id(m) in seen or klass.get(m.hash, KernelKind.MEMORY) != cls:
                     continue
                 seen.add(id(m))
                 mn = set(m.kernel.nodes)
                 jac = len(nodes & mn) / len(nodes | mn)
-                if cls == "linear" and not anchors & mn:
+                if cls == KernelKind.LINEAR and not anchors & mn:
                     continue
-                if cls != "linear" and jac < NEIGHBOUR_OVERLAP:
+                if cls != KernelKind.LINEAR and jac < NEIGHBOUR_OVERLAP:
                     continue
                 if jac > best_j:
                     best, best_j = resid[m.hash], jac
@@ -387,7 +387,7 @@ def _neighbour_scales(g, cands, known: dict, pred: dict, klass: dict, z: float, 
                 r = nearest(c)
                 if r is not None:
                     done.add(c.hash)
-                    errs.setdefault(klass.get(c.hash, "generated"), []).append(resid[c.hash] - r)
+                    errs.setdefault(klass.get(c.hash, KernelKind.MEMORY), []).append(resid[c.hash] - r)
         else:
             todo.append(c)
     sd = {k: _robust_sd(v, NEIGHBOUR_PRIOR_SD, prior_n) for k, v in errs.items()}
@@ -395,7 +395,7 @@ def _neighbour_scales(g, cands, known: dict, pred: dict, klass: dict, z: float, 
     for c in todo:
         r = nearest(c)
         if r is not None:
-            f = math.exp(r - z * sd.get(klass.get(c.hash, "generated"), NEIGHBOUR_PRIOR_SD))
+            f = math.exp(r - z * sd.get(klass.get(c.hash, KernelKind.MEMORY), NEIGHBOUR_PRIOR_SD))
             out[c.hash] = min(out.get(c.hash, math.inf), f)  # the most optimistic of its places
     return out
 
@@ -432,12 +432,12 @@ def _guided_rounds(
     ctx, workloads, pred, results, measure, gs: GuidedStats, klass: dict | None = None, max_rounds: int = 50
 ) -> None:
     s = ctx.settings
-    tol = float(getattr(s, "guided_tolerance", 0.0))
+    tol = s.guided_tolerance
     for _ in range(max_rounds):
         gs.rounds += 1
-        z = getattr(s, "guided_optimism", 1.0)
-        budget = getattr(s, "profile_budget_s", 0.0)
-        share = getattr(s, "guided_share_budget", 0.0)
+        z = s.guided_optimism
+        budget = s.profile_budget_s
+        share = s.guided_share_budget
         if budget and gs.rounds > 1 and time.perf_counter() - gs.started > HARD_BUDGET_FACTOR * budget:
             gs.stop_round = gs.rounds  # step 6: what is unmeasured stays unavailable
             return
@@ -484,8 +484,8 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
     from korch.orchestrate import OrchestrationError, solve
 
     g, s = ctx.graph, ctx.settings
-    factor = getattr(s, "guided_rival_factor", 1.5)
-    per_kernel = getattr(s, "guided_rivals", 3)
+    factor = s.guided_rival_factor
+    per_kernel = s.guided_rivals
     by_part: dict[int, list] = {}
     for c in ctx.candidates:
         by_part.setdefault(c.partition, []).append(c)
@@ -494,11 +494,11 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
     for h, p in pred.items():
         m = _cost(results, h, workloads[h].backends)
         if m is not None and math.isfinite(m) and p > 0:
-            ratios.setdefault(klass.get(h, "generated"), []).append(m / p)
-    by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set(klass.values()) | {"generated"}}
+            ratios.setdefault(klass.get(h, KernelKind.MEMORY), []).append(m / p)
+    by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set(klass.values()) | {KernelKind.MEMORY}}
     known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
     near = _neighbour_scales(g, ctx.candidates, known, pred, klass, z)
-    scale = {h: near.get(h, by_class[klass.get(h, "generated")]) for h in pred}
+    scale = {h: near.get(h, by_class[klass.get(h, KernelKind.MEMORY)]) for h in pred}
 
     want: set[str] = set()
     for pi, part in enumerate(ctx.partitions):
@@ -511,7 +511,7 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
         except OrchestrationError:
             # every candidate writing some output failed its measurement: nothing
             # here is worth measuring; the final solve runs that part on
-            # onnxruntime (Note [Unmeasurable partitions] in pipeline.py)
+            # onnxruntime (Note [Unmeasurable partitions] in orchestrate/choose.py)
             continue
         if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
             # Note [Guided tolerance]: close enough to what is measured already

@@ -101,9 +101,9 @@ def profile(
                 settings.kernel_timeout_s,
             )
         if pool.memory_mb is None:
-            pool.memory_mb = getattr(settings, "kernel_memory_mb", None)
+            pool.memory_mb = settings.kernel_memory_mb
         try:
-            tracker = getattr(settings, "tracker", "")
+            tracker = settings.tracker
             if tracker:  # TVM kernels on RPC servers, the rest here (Note [Distributed measurement])
                 from korch.profile.rpc import RpcMeasurer
 

@@ -18,7 +18,7 @@ price generated kernels are measured on generated kernels instead (the numpy fit
 in the file as ``load_numpy``, ``store_numpy``, ``vec_numpy``):
 
 * load and store: a row sum and a broadcast, 256 KiB to 4 MiB (``calibrate_transfer_
-  generated``); on this VM (Dec 1 2026) one thread reads ~30 B/ns and two threads
+  generated``); on this VM one thread reads ~30 B/ns and two threads
   together no more, where numpy's reduction read 12 B/ns -- the numpy fits made every
   kernel look transfer-bound and twice as fast on two cores, so the model chose
   parallel kernels that measured 1.3-2.6x slower than serial ones (the tiling grid
@@ -386,7 +386,7 @@ def _interleaved_best(timers: dict, rounds: int) -> dict:
     """Per timer, the best of ``rounds`` samples taken in rounds over every timer.
 
     On this project's VM a slope from two sizes timed back to back moved 2-6x between
-    two calibrations minutes apart (exp 0.17 then 0.06 ns an element, Dec 2 2026): a
+    two calibrations minutes apart (exp 0.17 then 0.06 ns an element): a
     burst of interference landed on one size and not the other. In rounds, every
     timer's samples are spread over the whole calibration, and interference only ever
     slows a kernel, so the best sample of each is its own time."""
@@ -439,7 +439,7 @@ def calibrate_launch(cores: int, repeat: int = 7) -> dict:
     row kernel (``x - rowsum(x)`` on [64, 256], its row sums computed in the row loop,
     as most fused kernels are) on one thread and on ``cores``: the parallel time less
     the serial time shared out (the flat 4096-element kernel used before had no work
-    to share). On this VM (Dec 1 2026) the three fits gave 11-18 us, median 12 us;
+    to share). On this VM the three fits gave 11-18 us, median 12 us;
     larger row kernels scale worse still (Note [Parallel margin] in target.py)."""
     from korch.ir import GraphBuilder, Op
 

@@ -32,7 +32,6 @@ the pass after the reduction completes (softmax: max, then exp-sum, then normali
 from __future__ import annotations
 
 import dataclasses
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -74,7 +73,7 @@ def _api(graph: Graph, node, stored: bool = False) -> str:
     """The vector API a primitive costs as. A transpose that keeps the innermost axis
     innermost (a head split: [1,64,4,32] -> [1,4,64,32]) moves whole rows, a copy; one
     that moves it is priced as the calibrated transpose (attention's 8k-element head
-    splits were predicted 10.5-12 us and ran in 3.1-3.9, Dec 1 2026). A pooling window
+    splits were predicted 10.5-12 us and ran in 3.1-3.9). A pooling window
     read by its reduction is a view (a copy); one written out as a kernel output is a
     gather whose every lane reads elsewhere, priced as a transpose (YOLO's materialised
     5x5 windows, 409,600 elements: 330-440 us measured, ~0.8-1 ns an element, against
@@ -569,7 +568,3 @@ def describe(graph: Graph) -> KernelDesc:
         kind=kind,
         fallback=fallback,
     )
-
-
-def iteration_size(desc: KernelDesc) -> int:
-    return math.prod(a.extent for a in desc.axes)

@@ -502,13 +502,3 @@ def build_models(desc: KernelDesc, target: Target) -> list[TemplateModel]:
 
 def clamp(v: int, var: Var) -> int:
     return max(var.lo, min(var.hi, v))
-
-
-def nearest_candidate(v: float, var: Var) -> int:
-    cands = var.candidates
-    i = int(np.searchsorted(cands, v))
-    if i >= len(cands):
-        return cands[-1]
-    if i == 0:
-        return cands[0]
-    return cands[i] if abs(cands[i] - v) < abs(v - cands[i - 1]) else cands[i - 1]

@@ -103,10 +103,6 @@ def _largest_feasible(model: TemplateModel, val: dict[str, int], v: Var) -> int:
     return cands[lo]
 
 
-def _balanced(n: int, c: int) -> int:
-    return math.ceil(n / math.ceil(n / c)) if n > 0 else 1
-
-
 def _core_step(c: int) -> int:
     return 1 if c <= 4 else 2 if c <= 16 else 4
 

@@ -28,7 +28,7 @@ Note [Parallel margin]
 ~~~~~~~~~~~~~~~~~~~~~~
 A solution that uses several cores is kept only when the model predicts it at least
 ``parallel_margin`` faster than the same tiles on one core; otherwise the kernel runs
-on one core. On the CPU the margin is 0.15: on this project's 2-core VM (Dec 1 2026,
+on one core. On the CPU the margin is 0.15: on this project's 2-core VM (
 ``benchmarks/tiling_integration.py grid --verbose``) fused row kernels of 20-50 us
 ran 1.3-1.6x *slower* on two threads than on one, where the model, with calibrated
 pipes and fork-join, predicted a 2-6% gain: two threads share one memory system, a
@@ -259,7 +259,7 @@ def _cuda() -> Target:
 
 def _cpu_defaults() -> Target:
     # ns per element and per call of generated kernels on this project's 2-core AVX-512
-    # VM (Dec 1 2026); ``calibrate`` replaces them with the machine's own
+    # VM; ``calibrate`` replaces them with the machine's own
     vec = VecPipe(
         "vec",
         apis=(
@@ -278,7 +278,7 @@ def _cpu_defaults() -> Target:
             ("reduce", 0.01, 5.0),
             ("transpose", 1.4, 5.0),
             ("pad", 0.31, 5.0),  # a spatial pad inlined into a copy, per input element
-            ("pad_reflect", 0.44, 5.0),  # (measured on the session's VM of Dec 1 2026, later)
+            ("pad_reflect", 0.44, 5.0),  # (measured on this VM later)
             ("gather", 0.22, 5.0),  # a nearest upsample's table gather, per output element
             ("copy", 0.01, 5.0),
             ("broadcast", 0.01, 5.0),
@@ -294,7 +294,7 @@ def _cpu_defaults() -> Target:
             BufferLevel("l2", 1 << 20, 64, reserve=256 << 10),
             BufferLevel("l1", 48 << 10, 64, role="cache"),
         ),
-        # generated kernels on this project's 2-core VM (Dec 1 2026, Note [Calibration]):
+        # generated kernels on this project's 2-core VM (Note [Calibration]):
         # one thread reads ~33 B/ns and two together no more; stores ~50 B/ns per core
         load=TransferPipe("load", Bandwidth(0.5, 32.0), Bandwidth(0.5, 32.0), 0, 0.0, (1500.0, 0.0), (1500.0, 0.0)),
         store=TransferPipe("store", Bandwidth(50.0, 0.0), Bandwidth(50.0, 0.0), 0, 0.0, (0.0, 0.0), (0.0, 0.0)),
@@ -303,7 +303,7 @@ def _cpu_defaults() -> Target:
         unit_us=1e-3,
         overlap=0.5,
         # `python -m korch.tiling.calibrate` measures these on the machine at hand (this
-        # VM, Dec 1 2026: ~3.2 us per call and ~1.3 us per argument through TvmKernel,
+        # VM: ~3.2 us per call and ~1.3 us per argument through TvmKernel,
         # ~13 us to wake and join the second thread with TVM_THREAD_POOL_SPIN_COUNT=0,
         # korch/__init__.py)
         launch=3200.0,

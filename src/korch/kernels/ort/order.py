@@ -23,7 +23,7 @@ from korch.kernels.ort.raising import const_input_ids, effective, is_constant
 # exporter puts a constant operand of Add/Mul second (``_Exporter.lower``) and
 # reassociates (conv + rest) + B (below); then it emits nodes in an order that
 # respects the new inputs (``emit_order``). Each cost segformer's rewritten decode
-# head its blocked layout (benchmarks/RESULTS.md, tenth session).
+# head its blocked layout (benchmarks/RESULTS.md in git history).
 def reassociate_conv_biases(
     graph: Graph, eff: dict[int, tuple[int, ...]], const_inputs: dict, raised: dict
 ) -> dict[int, tuple[int, ...]]:

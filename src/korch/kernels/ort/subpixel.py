@@ -34,7 +34,7 @@ from korch.kernels.ort.layout import finish_rewrite, node_attrs, users_of
 # lay the phases out, but onnxruntime's DepthToSpace is a generic 6-D transpose: 4.8
 # ms for candy_b1's last upsampling layer (32 x 226 x 226), more than the convolution
 # saved; Col2Im is a strided copy. candy_b1's rewritten graph as one session: 55.3 ->
-# 50.0 ms (2 threads, alternating, Dec 2 2026).
+# 50.0 ms (2 threads, alternating).
 
 _PHASES = (
     # phase 0 (row 2m-1, "odd"): taps (w0 + w1, w2); phase 1 (row 2m, "even"): (w0, w1 + w2)

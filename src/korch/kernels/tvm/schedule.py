@@ -125,7 +125,7 @@ class _Scheduler:
     # split-and-vectorise along the output row, window loops outside, made YOLO's SPPF
     # max-pool kernels 4-10x slower than the plain nest (5x5 window, stride 1, the pad
     # inlined as a bounds test: 277-290 us vs 29-31 us for [1,16,32,32] on 2 cores,
-    # Dec 1 2026; with the pad stored, 53 vs 45 us), and the plain nest runs at the
+    # with the pad stored, 53 vs 45 us), and the plain nest runs at the
     # tiling model's prediction (~30 us). Reductions over plain axes (a channel mean in
     # NCHW) keep the explicit vectorisation.
     def vectorize_reduce(self, nid: int, spatial: list, reduce: list) -> None:

@@ -379,7 +379,7 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
         )
         # a row of several axes whose last extent holds no whole vectors is vectorised
         # across axis boundaries (per-lane div/mod, padded tensors' bounds tests): rows
-        # of the last axis instead (the grid, Dec 1 2026: candy's [1,32,34,34] InstanceNorm
+        # of the last axis instead (the grid: candy's [1,32,34,34] InstanceNorm
         # tail 45.5 -> 35.8 us, a YOLO pad [1,16,36,36] 20.8 -> 14.6 us)
         last_row = min(p_max, last)
         if 0 < p < last_row and node.shape[last] % lanes and math.prod(node.shape[:last_row]) >= n_par:
@@ -423,7 +423,7 @@ def tile_config_from_solution(g: Graph, sol, num_threads: int, vector_bytes: int
 # whenever its copy cannot merge into the loop (the scheduler refuses that merge when
 # an uncopied reduction is under the loop). YOLO's SPPF chain (three 5x5 max-pools,
 # each pool an output) ran as eight nests; with each nest parallel it took 103-118 us
-# against 43 us on one core (2 cores, Dec 1 2026): every parallel nest pays the
+# against 43 us on one core (2 cores): every parallel nest pays the
 # target's fork-join. ``root_nests`` predicts the nest count without scheduling (the
 # model sees one launch), and ``model_tile_config`` charges the extra nests'
 # fork-joins before choosing between the cores the model wanted and one core.

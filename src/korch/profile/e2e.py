@@ -7,6 +7,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +131,7 @@ def time_alternating(
         this: dict[str, float] = {}
         # odd rounds in reverse order, so that no engine always runs right after the
         # same other one (two copies of one executable, each in its own process, timed
-        # 1.02-1.12 apart in a fixed order and 0.98-1.01 alternating, Dec 2 2026)
+        # 1.02-1.12 apart in a fixed order and 0.98-1.01 alternating)
         for name in names if r % 2 == 0 else names[::-1]:
             fn = fns[name]
             if quiesce_first and not hasattr(fn, "block"):  # (an engine process quiesces itself)
@@ -216,4 +217,52 @@ def compare_with_onnxruntime(executable, model, settings) -> dict:
         "speedup": round(o / k, 3) if k > 0 else None,
         "max_rel_error": err,
         "timing": timing,
+    }
+
+
+def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[str, Any]:
+    """Per-step medians, dispatch overhead and end to end, from runs with a clock per step."""
+    n = len(exe.steps)
+    per: list[list[float]] = [[] for _ in range(n)]
+    totals: list[float] = []
+    overheads: list[float] = []
+    pc = time.perf_counter
+    t_start = pc()
+    for r in range(runs + 2):
+        ts = [0.0] * n
+        t0 = pc()
+        env = exe.check_inputs(feeds)
+        env.update(exe.consts)
+        for i, (step, free) in enumerate(zip(exe.steps, exe.free_after)):
+            args = [env[j] for j in step.inputs]
+            a = pc()
+            outs = step.kernel(args)
+            ts[i] = pc() - a
+            for nid, val in zip(step.outputs, outs):
+                env[nid] = val
+            for nid in free:
+                env.pop(nid, None)
+        total = pc() - t0
+        if r < 2:
+            continue  # warm-up
+        totals.append(total)
+        overheads.append(total - sum(ts))
+        for i in range(n):
+            per[i].append(ts[i])
+        if pc() - t_start > max_seconds and len(totals) >= 3:
+            break
+    plain = []
+    for _ in range(max(3, min(runs, len(totals)))):
+        a = pc()
+        exe(feeds)
+        plain.append(pc() - a)
+    step_us = [statistics.median(p) * 1e6 for p in per]
+    dispatch_us = max(0.0, statistics.median(overheads) * 1e6)
+    return {
+        "step_us": step_us,
+        "dispatch_us": dispatch_us,
+        "end_to_end_us": sum(step_us) + dispatch_us,
+        "plain_end_to_end_us": statistics.median(plain) * 1e6,
+        "instrumented_median_us": statistics.median(totals) * 1e6,
+        "runs": len(totals),
     }

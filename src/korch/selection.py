@@ -1,11 +1,16 @@
-"""The end-to-end plan check (pipeline step ``plans``): the BLP's plan against
-region-biased plans, in-place re-solves and the whole graph as one onnxruntime kernel,
-timed end to end; the fastest is kept. Split from ``korch.pipeline``, whose names it
-uses through the module (``P``), imported at call time by that module's step list.
+"""The final selection stage (pipeline step ``plans``, Note [End-to-end plan check]):
+the BLP's plan against plans of other cost functions and baselines, raced end to end;
+the fastest is kept.
+
+Plans are values (``korch.orchestrate.plan.Plan``); what the stage needs of the
+optimization so far comes in a ``PlanInputs``: the graphs, the candidates, and the
+functions that solve the BLP on a cost function, build a plan and time plans against
+each other. It reaches into no other stage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -15,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
-import korch.pipeline as P
-from korch.ir.subgraph import canonical_hash, extract, make_kernel
+from korch.config import Settings
+from korch.ir.graph import Graph
+from korch.ir.subgraph import KernelKind, canonical_hash, extract, kernel_consts, make_kernel
+from korch.orchestrate.plan import Candidate, Plan, PlanFamily
 
 log = logging.getLogger("korch")
 
@@ -49,7 +56,7 @@ log = logging.getLogger("korch")
 # tell from the BLP's (Note [Confirming near ties]). Two such plans of yolo_block, 1.03
 # and 0.99 of each other on two runs' kernel costs, ran 0.38 and 0.49 ms end to end:
 # seven kernels of three libraries, each pool woken in turn, against two onnxruntime
-# regions (Dec 2 2026, three processes each, alternated).
+# regions (three processes each, alternated).
 #
 # So are plans of fewer kernels: the BLP again with ``FEWER_KERNELS_US`` added to every
 # kernel ("fewer kernels"). Each kernel costs more in place than measured alone, and a
@@ -57,47 +64,64 @@ log = logging.getLogger("korch")
 # kernels ran 8% slower than one of 14 whose kernel costs tied with it (0.996 / 1.003),
 # 40 us more, where four kernels (64 us measured) stood for one onnxruntime region
 # (61-65 us); yolo_block's plan of 7 kernels ran 60 us over its plan of 2 beyond what
-# their kernel costs said (Dec 2 2026, fourteenth session): 12-13 us a kernel.
+# their kernel costs said: 12-13 us a kernel.
 #
 # ``Settings.whole_plans`` False leaves out the plans of one onnxruntime kernel over
 # the whole graph, so that only plans korch composed are raced: what
 # ``benchmarks/tiling_integration.py guided --plan-check composed`` compares.
 
 
-def step_plans(ctx: P.Context) -> None:
-    from korch.bench.compare import random_feeds, time_alternating
+@dataclasses.dataclass
+class PlanInputs:
+    """What the selection stage reads of the optimization so far."""
 
-    s = ctx.settings
+    graph: Graph  # the primitive graph the candidates are kernels of
+    fissioned: Graph | None  # the graph before the search's rewrites (None: no rewrite search)
+    model: Any  # the model as loaded (onnx ModelProto): the baseline a user would run
+    candidates: list[Candidate]
+    settings: Settings
+    rewritten: bool  # whether the search applied rewrites
+    # the BLP of every partition on a cost function: the chosen candidates in order
+    solve: Callable[[Callable[[Candidate], float]], list[Candidate]]
+    # a plan's kernels built into an executable
+    build: Callable[[list[Candidate]], Any]
+    # engines timed against each other (korch.profile.e2e.time_alternating's interface)
+    time: Callable[..., dict[str, dict]]
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)  # what the stage records
+
+
+def select_plan(inp: PlanInputs, base: Plan) -> Plan:
+    """The plan to ship: ``base`` (the BLP's plan, built) raced end to end against the
+    other plans (Note [End-to-end plan check]); records ``plan_check`` in ``inp.report``."""
+    from korch.profile.e2e import random_feeds
+
+    s = inp.settings
     if s.target != "cpu" or not s.region_bias:
-        return
-    seen = {tuple(c.kernel.nodes for c in ctx.chosen)}
-    base = ctx.chosen
-    feeds = random_feeds(ctx.executable.inputs)
-    ctx.executable(feeds)  # its arena and its sessions' memory are allocated on a first call
-    if _lean(ctx):
-        _lean_plans(ctx, base, seen, feeds)
-        return
-    plans = {"blp": (ctx.chosen, ctx.executable)}
+        return base
+    seen = {base.kernels}
+    feeds = random_feeds(base.executable.inputs)
+    base.executable(feeds)  # its arena and its sessions' memory are allocated on a first call
+    if _lean(inp):
+        return _lean_plans(inp, base, seen, feeds)
+    plans = {"blp": base}
     if s.whole_plans:
-        _add_whole_plans(ctx, plans)
+        _add_whole_plans(inp, plans)
     # (after the one-region plans: when memory runs short those matter most)
-    for name, cost in _alternative_costs(ctx, base):
-        _add_plan(ctx, plans, seen, name, cost)
-    scales = _in_place_plans(ctx, plans, seen, feeds)
-    ctx.chosen = base
+    for name, cost in _alternative_costs(inp, base.chosen):
+        _add_plan(inp, plans, seen, name, cost)
+    scales = _in_place_plans(inp, plans, seen, feeds)
     if len(plans) == 1:
-        ctx.report.update(plan_check={"plans": 1})
-        return
+        inp.report.update(plan_check={"plans": 1})
+        return base
     fns = {}
-    for name, (_, exe) in plans.items():
-        exe.set_threads(max(1, int(s.num_threads)))
-        fns[name] = lambda exe=exe: exe(feeds)
+    for name, plan in plans.items():
+        plan.executable.set_threads(max(1, int(s.num_threads)))
+        fns[name] = lambda exe=plan.executable: exe(feeds)
     # past 3 rounds, about 6 s of kept calls per plan (segformer_b16: 3 rounds of 1-2 s calls)
-    t = time_alternating(fns, rounds=10, block=None, max_seconds=6.0 * len(fns), min_rounds=3, quiesce_first=True)
+    t = inp.time(fns, rounds=10, block=None, max_seconds=6.0 * len(fns), min_rounds=3, quiesce_first=True)
     ms = {k: v["median_ms"] for k, v in t.items()}
     best = _keep(t)
-    ctx.chosen, ctx.executable = plans[best]
-    ctx.report.update(
+    inp.report.update(
         plan_check={
             "kept": best,
             "ms": {k: round(v, 4) for k, v in ms.items()},
@@ -105,26 +129,27 @@ def step_plans(ctx: P.Context) -> None:
             "in_place_scale": scales,
         }
     )
+    return plans[best]
 
 
-def _add_whole_plans(ctx: P.Context, plans: dict) -> None:
+def _add_whole_plans(inp: PlanInputs, plans: dict[str, Plan]) -> None:
     """The plans of one onnxruntime kernel over the whole graph, those that build."""
     # the whole graph as one region: what onnxruntime makes of korch's primitive graph
     # (rewritten, raised), one call; kept only when nothing korch composed beats it
     try:
-        if _memory_full(ctx):
+        if _memory_full(inp):
             raise MemoryError("plan check: memory full")
-        plans["one region"] = _one_region_plan(ctx)
+        plans["one region"] = _one_region_plan(inp)
     except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
         log.info("plan check: the whole graph as one onnxruntime kernel failed to build: %s", e)
-    if ctx.fissioned is not None and ctx.report.get("rewrites_applied") and not _memory_full(ctx):
+    if inp.fissioned is not None and inp.rewritten and not _memory_full(inp):
         try:
-            plans["one region, unrewritten"] = _unrewritten_plan(ctx)
+            plans["one region, unrewritten"] = _unrewritten_plan(inp)
         except Exception as e:  # noqa: BLE001
             log.info("plan check: the unrewritten graph as one onnxruntime kernel failed: %s", e)
-    if not _memory_full(ctx):
+    if not _memory_full(inp):
         try:
-            plans[MODEL_PLAN] = _model_plan(ctx)
+            plans[MODEL_PLAN] = _model_plan(inp)
         except Exception as e:  # noqa: BLE001
             log.info("plan check: the model as one onnxruntime kernel failed: %s", e)
 
@@ -193,24 +218,23 @@ def beats(a: dict, b: dict) -> bool:
 # is idle (``time_alternating(quiesce_first=True)``).
 
 
-def _one_region_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
+def _one_region_plan(inp: PlanInputs) -> Plan:
     """The whole primitive graph as a single onnxruntime kernel, built."""
-    g = ctx.graph
-    assert g is not None
+    g = inp.graph
     whole = make_kernel(g, g.users(), g.compute_ids())
-    ctx.chosen = [P.Candidate(-1, whole, "region", canonical_hash(g, whole), ("ort",), math.nan, "ort")]
-    P.step_build(ctx)
-    ctx.executable.steps[0].kernel.set_spin(True)  # the kernel runs alone
-    return ctx.chosen, ctx.executable
+    chosen = [Candidate(-1, whole, KernelKind.REGION, canonical_hash(g, whole), ("ort",), math.nan, "ort")]
+    exe = inp.build(chosen)
+    exe.steps[0].kernel.set_spin(True)  # the kernel runs alone
+    return Plan("one region", PlanFamily.BASELINE, chosen, exe)
 
 
-def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+def _bias_costs(inp: PlanInputs) -> list[tuple[str, Callable[[Candidate], float]]]:
     """The region-biased cost functions (Note [End-to-end plan check]), when regions exist."""
-    if not any(c.kind == "region" and math.isfinite(c.cost_us) for c in ctx.candidates):
+    if not any(c.kind is KernelKind.REGION and math.isfinite(c.cost_us) for c in inp.candidates):
         return []
     return [
-        (f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind == "region" else c.cost_us)
-        for f in ctx.settings.region_bias
+        (f"regions x{f:g}", lambda c, f=f: c.cost_us * f if c.kind is KernelKind.REGION else c.cost_us)
+        for f in inp.settings.region_bias
     ]
 
 
@@ -219,23 +243,23 @@ def _bias_costs(ctx: P.Context) -> list[tuple[str, Callable[[P.Candidate], float
 FEWER_KERNELS_US = 10.0
 
 
-def _alternative_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+def _alternative_costs(inp: PlanInputs, base: list[Candidate]) -> list[tuple[str, Callable[[Candidate], float]]]:
     """Every cost function the BLP is solved again on for the plan check (Note
     [End-to-end plan check]): region-biased, near ties, fewer kernels."""
-    return _bias_costs(ctx) + _near_tie_costs(ctx, base)
+    return _bias_costs(inp) + _near_tie_costs(inp, base)
 
 
-def _near_tie_costs(ctx: P.Context, base: list) -> list[tuple[str, Callable[[P.Candidate], float]]]:
+def _near_tie_costs(inp: PlanInputs, base: list[Candidate]) -> list[tuple[str, Callable[[Candidate], float]]]:
     """The near-tie cost functions (Note [End-to-end plan check]): every kernel outside
     ``base``, the BLP's plan, ``Settings.confirm_margin`` cheaper; and every kernel
     ``FEWER_KERNELS_US`` dearer."""
-    margin = float(ctx.settings.confirm_margin)
+    margin = float(inp.settings.confirm_margin)
     inside = {(c.partition, c.kernel.nodes) for c in base}
 
-    def cost(c: P.Candidate) -> float:
+    def cost(c: Candidate) -> float:
         return c.cost_us if (c.partition, c.kernel.nodes) in inside else c.cost_us * (1.0 - margin)
 
-    def fewer(c: P.Candidate) -> float:
+    def fewer(c: Candidate) -> float:
         return c.cost_us + FEWER_KERNELS_US
 
     return ([("near ties", cost)] if margin > 0 else []) + [("fewer kernels", fewer)]
@@ -260,7 +284,7 @@ LEAN_SHARE = 0.15
 # share to be kept (what Note [Keeping a plan over the baseline] asks of the
 # alternating check): segformer_b16's lean check kept "regions x0.4" at 1031 ms over
 # one region at 1075, and the bench then timed it at 1301 ms (p90 2090) where one
-# region had run 1104 (benchmarks/RESULTS.md, eleventh session).
+# region had run 1104 (benchmarks/RESULTS.md in git history).
 LEAN_MARGIN = 0.05
 
 
@@ -283,90 +307,83 @@ def _rss_share() -> float:
         return 0.0
 
 
-def _lean(ctx: P.Context) -> bool:
+def _lean(inp: PlanInputs) -> bool:
     share = _rss_share()
     if share > LEAN_SHARE:
         log.warning("plan check: %.0f%% of memory in use; plans built, timed and freed one at a time", 100 * share)
     return share > LEAN_SHARE
 
 
-def _lean_plans(ctx: P.Context, base: list, seen: set, feeds) -> None:
+def _lean_plans(inp: PlanInputs, base: Plan, seen: set, feeds) -> Plan:
     """Note [Lean plan check]: build, time and free one plan at a time."""
     import gc
 
-    from korch.bench.compare import time_alternating
-
-    s = ctx.settings
+    s = inp.settings
     ms: dict[str, float] = {}
-    rebuild: dict[str, Callable[[], tuple[list, Any]]] = {}
+    rebuild: dict[str, Callable[[], Plan]] = {}
 
-    def timed(name: str, exe, again: Callable[[], tuple[list, Any]]) -> None:
+    def timed(plan: Plan, again: Callable[[], Plan]) -> None:
+        exe = plan.executable
+        plan.executable = None
         exe.set_threads(max(1, int(s.num_threads)))
-        ms[name] = time_alternating({name: lambda: exe(feeds)}, rounds=10, max_seconds=10.0, min_rounds=3)[name][
+        ms[plan.name] = inp.time({plan.name: lambda: exe(feeds)}, rounds=10, max_seconds=10.0, min_rounds=3)[plan.name][
             "median_ms"
         ]
-        rebuild[name] = again
-        ctx.executable = None
+        rebuild[plan.name] = again
 
-    def build_chosen(chosen: list) -> tuple[list, Any]:
-        ctx.chosen = chosen
-        P.step_build(ctx)
-        return chosen, ctx.executable
+    def build_chosen(name: str, chosen: list[Candidate]) -> Plan:
+        return Plan(name, PlanFamily.COMPOSED, chosen, inp.build(chosen))
 
-    exe = ctx.executable
-    ctx.executable = None
-    timed("blp", exe, functools.partial(build_chosen, base))
-    del exe
+    timed(base, functools.partial(build_chosen, base.name, base.chosen))
     gc.collect()  # an executable holds reference cycles: free it before the next is built
-    tries: list[tuple[str, Callable[[], tuple[list, Any] | None]]] = []
+    tries: list[tuple[str, Callable[[], Plan | None]]] = []
     if s.whole_plans:
-        tries.append(("one region", lambda: _one_region_plan(ctx)))
-        if ctx.fissioned is not None and ctx.report.get("rewrites_applied"):
-            tries.append(("one region, unrewritten", lambda: _unrewritten_plan(ctx)))
-        tries.append((MODEL_PLAN, lambda: _model_plan(ctx)))
-    for name, cost in _alternative_costs(ctx, base):
+        tries.append(("one region", lambda: _one_region_plan(inp)))
+        if inp.fissioned is not None and inp.rewritten:
+            tries.append(("one region, unrewritten", lambda: _unrewritten_plan(inp)))
+        tries.append((MODEL_PLAN, lambda: _model_plan(inp)))
+    for name, cost in _alternative_costs(inp, base.chosen):
 
-        def biased(cost=cost) -> tuple[list, Any] | None:
-            alt = _new_choice(ctx, seen, cost)
-            return None if alt is None else build_chosen(alt)
+        def biased(name=name, cost=cost) -> Plan | None:
+            alt = _new_choice(inp, seen, cost)
+            return None if alt is None else build_chosen(name, alt)
 
         tries.append((name, biased))
     for name, build in tries:
         try:
-            got = build()
+            plan = build()
         except Exception as e:  # noqa: BLE001 - the check only adds a plan when it can
             log.info("plan check: plan %r failed to build: %s", name, e)
             continue
-        if got is None:
+        if plan is None:
             continue
-        chosen, exe = got
-        again = build if name in WHOLE_PLANS else functools.partial(build_chosen, chosen)
-        timed(name, exe, again)
-        del exe, got
+        again = build if name in WHOLE_PLANS else functools.partial(build_chosen, name, plan.chosen)
+        timed(plan, again)
+        del plan
         gc.collect()
     best = _lean_keep(ms)
-    ctx.chosen, ctx.executable = rebuild[best]()  # (the one-region builders set their spin)
-    ctx.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True})
+    inp.report.update(plan_check={"kept": best, "ms": {k: round(v, 4) for k, v in ms.items()}, "lean": True})
+    return rebuild[best]()  # (the one-region builders set their spin)
 
 
-def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, float]:
+def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -> dict[str, float]:
     """Re-solve the BLP on the costs its plan's kernels take in place (Note [End-to-end
     plan check]); adds each new plan to ``plans``. Returns the last in-place/measured
     ratio per kernel kind."""
-    from korch.bench.explain import time_steps
+    from korch.profile.e2e import time_steps
 
-    s = ctx.settings
-    chosen, exe = plans["blp"]
+    s = inp.settings
+    plan = plans["blp"]
     in_place: dict[tuple[int, tuple[int, ...]], float] = {}
     scales: dict[str, float] = {}
     for r in range(max(0, s.in_place_rounds)):
-        exe.set_threads(max(1, int(s.num_threads)))
-        info = time_steps(exe, feeds, runs=8, max_seconds=10.0)
-        per_call = info["dispatch_us"] / max(1, len(chosen))
-        for c, us in zip(chosen, info["step_us"]):
+        plan.executable.set_threads(max(1, int(s.num_threads)))
+        info = time_steps(plan.executable, feeds, runs=8, max_seconds=10.0)
+        per_call = info["dispatch_us"] / max(1, len(plan.chosen))
+        for c, us in zip(plan.chosen, info["step_us"]):
             in_place[(c.partition, c.kernel.nodes)] = us
         ratios: dict[str, list[float]] = {}
-        for c in ctx.candidates:
+        for c in inp.candidates:
             us = in_place.get((c.partition, c.kernel.nodes))
             if us is not None and math.isfinite(c.cost_us) and c.cost_us > 0:
                 ratios.setdefault(c.kind, []).append(us / c.cost_us)
@@ -375,7 +392,7 @@ def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, 
         scales = {k: round(statistics.median(v), 3) for k, v in ratios.items()}
         overall = statistics.median([x for v in ratios.values() for x in v])
 
-        def cost(c: P.Candidate, sc: dict[str, float], overall: float, per_call: float) -> float:
+        def cost(c: Candidate, sc: dict[str, float], overall: float, per_call: float) -> float:
             us = in_place.get((c.partition, c.kernel.nodes))
             if us is None:
                 us = c.cost_us * sc.get(c.kind, overall)
@@ -383,10 +400,10 @@ def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, 
 
         name = f"in place {r + 1}"
         if not _add_plan(
-            ctx, plans, seen, name, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call)
+            inp, plans, seen, name, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call)
         ):
             break
-        chosen, exe = plans[name]
+        plan = plans[name]
     return scales
 
 
@@ -396,33 +413,33 @@ def _in_place_plans(ctx: P.Context, plans: dict, seen: set, feeds) -> dict[str, 
 PLAN_MEMORY_SHARE = 0.4
 
 
-def _memory_full(ctx: P.Context) -> bool:
+def _memory_full(inp: PlanInputs) -> bool:
     """Whether this process holds more than ``PLAN_MEMORY_SHARE`` of the machine's memory
     (then the plan check builds no more plans; the report counts those skipped)."""
     full = _rss_share() > PLAN_MEMORY_SHARE  # 0 when there is no reading: build as before
     if full:
-        ctx.report["plans_skipped_for_memory"] = ctx.report.get("plans_skipped_for_memory", 0) + 1
+        inp.report["plans_skipped_for_memory"] = inp.report.get("plans_skipped_for_memory", 0) + 1
         log.warning("plan check: %.0f%% of memory in use, no further plan built", 100 * PLAN_MEMORY_SHARE)
     return full
 
 
-def _add_plan(ctx: P.Context, plans: dict, seen: set, name: str, cost: Callable[[P.Candidate], float]) -> bool:
+def _add_plan(
+    inp: PlanInputs, plans: dict[str, Plan], seen: set, name: str, cost: Callable[[Candidate], float]
+) -> bool:
     """The BLP on ``cost``, built and added to ``plans`` as ``name`` unless an earlier plan
     chose the same kernels (or memory is full: ``_memory_full``)."""
-    if _memory_full(ctx):
+    if _memory_full(inp):
         return False
-    alt = _new_choice(ctx, seen, cost)
+    alt = _new_choice(inp, seen, cost)
     if alt is None:
         return False
-    ctx.chosen = alt
-    P.step_build(ctx)
-    plans[name] = (alt, ctx.executable)
+    plans[name] = Plan(name, PlanFamily.COMPOSED, alt, inp.build(alt))
     return True
 
 
-def _new_choice(ctx: P.Context, seen: set, cost: Callable[[P.Candidate], float]) -> list | None:
+def _new_choice(inp: PlanInputs, seen: set, cost: Callable[[Candidate], float]) -> list[Candidate] | None:
     """The BLP's choice on ``cost``; None when an earlier plan chose the same kernels."""
-    alt = P._solve_all(ctx, cost)
+    alt = inp.solve(cost)
     key = tuple(c.kernel.nodes for c in alt)
     if key in seen:
         return None
@@ -430,23 +447,23 @@ def _new_choice(ctx: P.Context, seen: set, cost: Callable[[P.Candidate], float])
     return alt
 
 
-def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
+def _unrewritten_plan(inp: PlanInputs) -> Plan:
     """The graph before the search's rewrites as one onnxruntime kernel, as a plan over
-    ``ctx.graph``.
+    ``inp.graph``.
 
     The search's rewrites are chosen for korch's kernels (merged Convs, a scale moved
     into a bias); some of them hide from onnxruntime what it fuses (a merged Conv is
     split again by Slices, which leave its blocked layout; a HardSwish split by
     ``mul_over_add_const``). The library layouts (``korch.rewrite.for_library``) are
     applied to this graph too: they are for onnxruntime. The kernel reads the graph
-    inputs and writes the graph outputs, matched to ``ctx.graph``'s by name.
+    inputs and writes the graph outputs, matched to ``inp.graph``'s by name.
     """
     from korch.kernels.ort.export import to_onnx
 
-    g, pre = ctx.graph, ctx.fissioned
-    assert g is not None and pre is not None
+    g, pre = inp.graph, inp.fissioned
+    assert pre is not None
     k = make_kernel(pre, pre.users(), pre.compute_ids())
-    kg, consts = extract(pre, k), P._kernel_consts(pre, k)
+    kg, consts = extract(pre, k), kernel_consts(pre, k)
     in_name = {nid: name for name, nid in pre.inputs.items()}
     feeds = [(f"in{i}", in_name[src]) for i, src in enumerate(k.inputs) if f"in{i}_c" not in consts]
     out_names = {nid: name for name, nid in pre.outputs.items()}
@@ -454,33 +471,33 @@ def _unrewritten_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
         raise ValueError("the rewritten graph's outputs do not match the original's")
     model = to_onnx(kg, const_inputs=consts).SerializeToString()
     outs = list(zip(kg.outputs, (out_names[n] for n in k.outputs)))  # kernel outputs in k.outputs' order
-    return _whole_plan(ctx, model, feeds, outs, canonical_hash(pre, k))
+    return _whole_plan(inp, "one region, unrewritten", model, feeds, outs, canonical_hash(pre, k))
 
 
-def _model_plan(ctx: P.Context) -> tuple[list[P.Candidate], Any]:
+def _model_plan(inp: PlanInputs) -> Plan:
     """The model as loaded (folded, shapes bound) as one onnxruntime kernel: what a
     user of onnxruntime runs. Note [The model as a plan]."""
     import hashlib
 
-    m = ctx.model
+    m = inp.model
     names = {i.name for i in m.graph.input}
-    if set(ctx.graph.inputs) - names or set(ctx.graph.outputs) != {o.name for o in m.graph.output}:
+    if set(inp.graph.inputs) - names or set(inp.graph.outputs) != {o.name for o in m.graph.output}:
         raise ValueError("the model's inputs and outputs do not match the graph's")
     model = m.SerializeToString()
-    feeds = [(n, n) for n in ctx.graph.inputs]
+    feeds = [(n, n) for n in inp.graph.inputs]
     outs = [(o.name, o.name) for o in m.graph.output]
-    return _whole_plan(ctx, model, feeds, outs, hashlib.sha1(model).hexdigest()[:24])
+    return _whole_plan(inp, MODEL_PLAN, model, feeds, outs, hashlib.sha1(model).hexdigest()[:24])
 
 
-def _whole_plan(ctx: P.Context, model: bytes, feeds, outs, digest: str) -> tuple[list[P.Candidate], Any]:
-    """A plan of one onnxruntime kernel over the whole of ``ctx.graph``: ``feeds`` are
+def _whole_plan(inp: PlanInputs, name: str, model: bytes, feeds, outs, digest: str) -> Plan:
+    """A plan of one onnxruntime kernel over the whole of ``inp.graph``: ``feeds`` are
     (kernel input, graph input) names, ``outs`` (kernel output, graph output) names."""
     from korch.executable import Executable, Step, TensorSpec, plan_buffers
     from korch.kernels.ort.backend import OrtKernel, make_session
 
-    g = ctx.graph
+    g = inp.graph
     kernel = OrtKernel(
-        make_session(model, ctx.settings.num_threads, spin=True),
+        make_session(model, inp.settings.num_threads, spin=True),
         [f for f, _ in feeds],
         range(len(feeds)),
         [o for o, _ in outs],
@@ -489,7 +506,7 @@ def _whole_plan(ctx: P.Context, model: bytes, feeds, outs, digest: str) -> tuple
     )
     outputs = tuple(g.outputs[name] for _, name in outs)
     whole = make_kernel(g, g.users(), g.compute_ids())
-    cand = P.Candidate(-1, whole, "region", digest, ("ort",), math.nan, "ort")
+    cand = Candidate(-1, whole, KernelKind.REGION, digest, ("ort",), math.nan, "ort")
     step = Step(
         f"k0_{cand.hash[:8]}", "ort", cand.hash, whole.nodes, tuple(g.inputs[n] for _, n in feeds), outputs, kernel
     )
@@ -500,4 +517,4 @@ def _whole_plan(ctx: P.Context, model: bytes, feeds, outs, digest: str) -> tuple
     sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
     free_after, stats = plan_buffers([step], set(outputs), sizes)
     exe = Executable({n: spec(i) for n, i in g.inputs.items()}, out_specs, {}, [step], free_after, stats)
-    return [cand], exe
+    return Plan(name, PlanFamily.BASELINE, [cand], exe)

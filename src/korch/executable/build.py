@@ -1,0 +1,51 @@
+"""An executable from chosen candidates: each kernel built by its backend, buffers planned."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from korch.executable import Executable, Step, TensorSpec, plan_buffers
+from korch.ir.graph import Graph
+from korch.ir.ops import Op
+from korch.ir.subgraph import extract, kernel_consts
+from korch.kernels.registry import get_backend
+from korch.orchestrate.plan import Candidate
+
+
+def build_executable(
+    graph: Graph, chosen: Sequence[Candidate], num_threads: int, cuda_graph: bool = False
+) -> Executable:
+    """Build every chosen kernel (one ``build_many`` per backend) into an executable that
+    runs them in ``chosen``'s order. Raises RuntimeError naming the kernel whose build failed."""
+    g = graph
+    steps: list[Step] = []
+    by_backend: dict[str, list[int]] = {}
+    for i, c in enumerate(chosen):
+        steps.append(Step(f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs))
+        by_backend.setdefault(c.backend, []).append(i)
+    for name, idxs in by_backend.items():
+        items = [(extract(g, chosen[i].kernel), kernel_consts(g, chosen[i].kernel)) for i in idxs]
+        tiles = [chosen[i].tile_config for i in idxs]
+        kw = {"tile_configs": tiles} if any(t is not None for t in tiles) else {}
+        built = get_backend(name).build_many(items, num_threads, **kw)
+        for i, k in zip(idxs, built):
+            if isinstance(k, Exception):
+                raise RuntimeError(f"building chosen kernel {steps[i].name} with {name} failed: {k}")
+            steps[i].kernel = k
+    inputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.inputs.items()}
+    outputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.outputs.items()}
+    consts: dict[int, np.ndarray] = {}
+    for st in steps:
+        for src in st.inputs:
+            if g.nodes[src].op is Op.CONST:
+                consts[src] = g.const_value(src)
+    for spec in outputs.values():
+        if g.nodes[spec.node].op is Op.CONST:
+            consts[spec.node] = g.const_value(spec.node)
+    sizes = {i: n.size * np.dtype(n.dtype).itemsize for i, n in enumerate(g.nodes)}
+    free_after, stats = plan_buffers(steps, {s.node for s in outputs.values()}, sizes)
+    exe = Executable(inputs, outputs, consts, steps, free_after, stats)
+    exe.cuda_graph = cuda_graph  # device executables only (Note [Device kernels])
+    return exe
