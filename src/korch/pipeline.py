@@ -381,6 +381,15 @@ def step_threads(ctx: Context) -> None:
     )
 
 
+def step_cuda_graph(ctx: Context) -> None:
+    """Note [CUDA graph choice] (korch.executable.device); cuda target only."""
+    from korch.bench.compare import random_feeds
+    from korch.executable.device import choose_cuda_graph
+
+    if ctx.settings.target == "cuda" and ctx.executable is not None:
+        ctx.report.update(choose_cuda_graph(ctx.executable, random_feeds(ctx.executable.inputs)))
+
+
 def step_measure(ctx: Context) -> None:
     from korch.bench.compare import compare_with_onnxruntime
 
@@ -399,6 +408,7 @@ STEPS: list[tuple[str, Callable[[Context], None]]] = [
     ("build", step_build),
     ("plans", step_plans),
     ("threads", step_threads),
+    ("cuda_graph", step_cuda_graph),
     ("measure", step_measure),
 ]
 
