@@ -131,6 +131,8 @@ def _backends_for(kind: str, kgraph: Graph, target: str = "cpu") -> tuple[str, .
         # device targets: kernels that keep tensors on the device win; host backends
         # (onnxruntime) only where no device backend takes the kernel
         on_device = [b.name for b in backends if b.name in names and "cpu" not in b.targets]
+        if kind == "linear" and not on_device and len(kgraph.outputs) > 1:
+            return ()  # a host kernel would cost the plan its CUDA graph; the one-output kernels remain
         names = on_device or names
     if kind == "memory":
         # Generated kernels are the point; onnxruntime only guarantees that every single
