@@ -416,6 +416,8 @@ def run_one(spec: str, args, emit=lambda row: None) -> dict:
             _ort_device_peer(proto, feeds, want, "TensorrtExecutionProvider", row, "trt")
             emit(row)
         modes = [("compile", "default"), ("autotune", "max-autotune")] if cuda and not args.no_compile else []
+        if not cuda:  # inductor's CPU code says nothing about the GPU
+            row["compile_error"] = row["autotune_error"] = "skipped: no CUDA device (interpreter)"
         for key, mode in modes:
             try:
                 torch._dynamo.reset()
