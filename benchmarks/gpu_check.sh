@@ -1,25 +1,36 @@
 #!/usr/bin/env bash
 # The cuda target's device check, in one call on the lent GPU machine (an H200).
 #
+#   here, once:   bash benchmarks/gpu_check.sh --prepare    (the wheels that travel, below)
 #   device tool:  run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
-#   dry run here: TRITON_INTERPRET=1 bash benchmarks/gpu_check.sh --tiny --no-suite mlp
+#   dry run here: TRITON_INTERPRET=1 bash benchmarks/gpu_check.sh --tiny --max-kernel-size 4 mlp
+#                 (tests/benchmarks/test_gpu_check.py runs it, so it cannot rot)
 #
 # Installs nothing from the network: the machine has torch, Triton, onnx, onnxruntime,
-# numpy, sympy, tqdm and psutil (/work/.library/device/KINDS.md); the MILP solver's wheel
-# (highspy, not on that machine) travels in .whl/, fetched here once:
-#   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl highspy==1.15.1
-# korch runs from src/ (PYTHONPATH), not installed.
-# Optimizes the test models and the
-# Korch suite models for target cuda, checks every output against onnxruntime-CPU and
-# times korch vs PyTorch eager and torch.compile with CUDA events (benchmarks/gpu_check.py);
-# the table is printed last and written to $OUT/gpu_check.md. A model that fails or runs
-# past its limit is reported and the next one runs; KORCH_GPU_BUDGET_S (default 500 s)
-# bounds the whole run.
+# numpy, sympy, tqdm and psutil but no TVM (/work/.library/device/KINDS.md; the cuda
+# target needs none); the MILP solver's wheel (highspy, not on that machine) travels in
+# .whl/, which --prepare fills here (pip download; .whl/ is git-ignored locally through
+# info/exclude). korch runs from src/ (PYTHONPATH), not installed.
+#
+# Optimizes a few test and suite models for target cuda, checks every output against
+# onnxruntime-CPU and times korch (step loop and CUDA graph) against PyTorch eager,
+# torch.compile (default, max-autotune) and onnxruntime's GPU providers where present,
+# with CUDA events, and reports the generated memory-bound kernels' bandwidth against the
+# device's peak (benchmarks/gpu_check.py); the table is printed last and written to
+# $OUT/gpu_check.md. A model that fails or runs past its limit reports what it finished
+# and the next one runs; KORCH_GPU_BUDGET_S (default 500 s) bounds the whole run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--prepare" ]; then  # here, not on the device: fetch the wheels that travel
+  exclude="$(git rev-parse --git-common-dir)/info/exclude"
+  grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >>"$exclude"
+  python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .whl highspy==1.15.1
+  ls -l .whl
+  exit 0
+fi
 
 OUT="${OUT:-/tmp/korch_gpu_check}"
 mkdir -p "$OUT"
@@ -34,7 +45,7 @@ fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"
-export KORCH_DB="/tmp/korch_gpu_work/results.db"
+export KORCH_DB="${KORCH_DB:-/tmp/korch_gpu_work/results.db}"
 
 {
   echo "== $(date -u +%FT%TZ) $(uname -m)"

@@ -27,6 +27,7 @@ SUMMARY_FIELDS = [
     ("region_kernels", "library regions chosen"),
     ("redundant_primitives", "redundant primitives"),
     ("runtime_threads", "runtime threads"),
+    ("cuda_graph", "CUDA graph"),
     ("latency_ms", "end-to-end latency (ms)"),
     ("onnxruntime_ms", "onnxruntime latency (ms)"),
     ("generated_share", "time in korch-generated kernels"),
@@ -46,7 +47,7 @@ def format_summary(report: dict) -> str:
             v = sum(v.values())
         if isinstance(v, float):
             v = f"{v:.3g}" if key == "max_rel_error" else f"{v:.3f}"
-        rows.append((label, str(v)))
+        rows.append((label, str(v) if key != "cuda_graph" else v.split(":")[0]))
     width = max(len(r[0]) for r in rows)
     line = "-" * (width + 16)
     out = [line] + [f"{a:<{width}}  {b:>12}" for a, b in rows] + [line]
@@ -61,16 +62,36 @@ def _parse_shapes(items: list[str] | None) -> dict[str, tuple[int, ...]] | None:
     return dict(parse_shape_arg(s) for s in items)
 
 
+def _check_target(target: str) -> None:
+    """A one-line error, before any work, where the target cannot run here."""
+    if target == "cuda":
+        from korch.kernels.device import cuda_target_problem
+
+        problem = cuda_target_problem()
+        if problem:
+            raise KorchError(problem)
+
+
 def settings_from_args(args):
     from korch.config import Settings
 
+    _check_target(args.target)
     kw = {"target": args.target, "progress": not args.quiet, "rewrite": args.rewrite}
+    if not getattr(args, "cuda_graph", True):
+        kw["cuda_graph"] = False
+    if args.target == "cuda":
+        from korch.kernels.device import interpret
+
+        if interpret():  # times under Triton's interpreter mean nothing: measure each candidate once
+            kw.update(warmup=1, repeat=1, min_repeat_ms=0.0)
     if args.db:
         kw["db_path"] = args.db
     if args.threads:
         kw["num_threads"] = args.threads
     if getattr(args, "max_states", None):
         kw["max_states"] = args.max_states
+    if getattr(args, "max_kernel_size", None):
+        kw["max_kernel_size"] = args.max_kernel_size
     if getattr(args, "kernel_timeout", None):
         kw["kernel_timeout_s"] = args.kernel_timeout
     if getattr(args, "tracker", None):  # docs/distributed.md
@@ -140,10 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp):
-        sp.add_argument("--target", default="cpu", choices=["cpu"])
+        sp.add_argument(
+            "--target",
+            default="cpu",
+            choices=["cpu", "cuda"],
+            help="cpu: TVM, onnxruntime, numpy, torch kernels; cuda: Triton and cuBLAS/cuDNN kernels on a GPU "
+            "(needs torch and triton; TRITON_INTERPRET=1 runs them on the CPU)",
+        )
+        sp.add_argument(
+            "--no-cuda-graph",
+            dest="cuda_graph",
+            action="store_false",
+            help="cuda target: always run the step loop, never a captured CUDA graph",
+        )
         sp.add_argument("--db", help="results database (default ~/.cache/korch/results.db or $KORCH_DB)")
         sp.add_argument("--threads", type=int, help="threads per kernel and for onnxruntime")
         sp.add_argument("--max-states", type=int, help="execution-state cap per partition")
+        sp.add_argument("--max-kernel-size", type=int, metavar="N", help="most primitives in one candidate kernel")
         sp.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
         sp.add_argument(
             "--exhaustive-profiling",

@@ -27,8 +27,10 @@ def _default_kernel_memory_mb() -> float:
 @dataclasses.dataclass(frozen=True)
 class Settings:
     target: str = "cpu"  # "cpu" (tvm, onnxruntime, numpy, torch) or "cuda" (triton, torch_cuda, onnxruntime)
-    # cuda target: replay the executable as one captured CUDA graph (korch.executable.device)
-    cuda_graph: bool = False
+    # cuda target: replay the executable as one captured CUDA graph where every kernel runs
+    # on the device and the replay is not slower than the step loop (Note [CUDA graph
+    # choice] in korch.executable.device); False: always the step loop
+    cuda_graph: bool = True
     db_path: str = dataclasses.field(default_factory=_default_db)
     # rewrites (korch.rewrite, Note [Rewrite search]): on by default; the search's time
     # counts in every optimize, so its limit stays a few seconds per model

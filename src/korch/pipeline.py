@@ -118,6 +118,8 @@ def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu") -> tuple
         # device targets: kernels that keep tensors on the device win; host backends
         # (onnxruntime) only where no device backend takes the kernel
         on_device = [b.name for b in backends if b.name in names and "cpu" not in b.targets]
+        if kind == "linear" and not on_device and len(kgraph.outputs) > 1:
+            return ()  # a host kernel would cost the plan its CUDA graph; the one-output kernels remain
         names = on_device or names
     if kind is KernelKind.MEMORY:
         # Generated kernels are the point; onnxruntime only guarantees that every single
@@ -317,6 +319,15 @@ def step_threads(ctx: Context) -> None:
     )
 
 
+def step_cuda_graph(ctx: Context) -> None:
+    """Note [CUDA graph choice] (korch.executable.device); cuda target only."""
+    from korch.executable.device import choose_cuda_graph
+    from korch.profile.e2e import random_feeds
+
+    if ctx.settings.target == "cuda" and ctx.executable is not None:
+        ctx.report.update(choose_cuda_graph(ctx.executable, random_feeds(ctx.executable.inputs)))
+
+
 def step_measure(ctx: Context) -> None:
     from korch.profile.e2e import compare_with_onnxruntime
 
@@ -349,6 +360,7 @@ STEPS: list[tuple[str, Callable[[Context], None]]] = [
     ("build", step_build),
     ("plans", step_plans),
     ("threads", step_threads),
+    ("cuda_graph", step_cuda_graph),
     ("measure", step_measure),
 ]
 

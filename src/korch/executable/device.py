@@ -11,11 +11,25 @@ CUDA device, the whole sequence is captured once into a CUDA graph over static i
 buffers and replayed; its outputs are the graph's static buffers, so ``run_device``
 callers must read them before the next call (``__call__`` copies them to the host).
 Without a GPU the same code runs on CPU torch tensors (Triton's interpreter).
+
+Note [CUDA graph choice]
+~~~~~~~~~~~~~~~~~~~~~~~~
+On a GPU the cost fusion saves is mostly per launch (a few microseconds of host work
+and launch latency per kernel), and a CUDA graph removes most of what is left: the
+replay launches the whole plan at once. So ``Settings.cuda_graph`` is on by default,
+and after build (pipeline step ``cuda_graph``) the replay is measured against the
+step loop on the same device inputs (CUDA events, rounds alternating the two); the
+graph is kept unless it is slower or its outputs differ from the loop's. It applies
+only where every kernel is a device kernel on a CUDA device: a host kernel
+(onnxruntime, for opaque primitives) cannot be captured, and under Triton's
+interpreter there is no device (the choice is skipped and the report says so).
+``--no-cuda-graph`` turns it off.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -92,3 +106,71 @@ class DeviceRunner:
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         out = self.run_device(self.inputs_to_device(feeds))
         return {k: D.to_host(v).copy() if self.use_graph else D.to_host(v) for k, v in out.items()}
+
+
+def time_device_ms(fns: dict[str, Callable[[], Any]], rounds: int = 7, min_ms: float = 5.0) -> dict[str, float]:
+    """Median milliseconds per call of each function, alternated round by round; each
+    round's block lasts about ``min_ms``. CUDA events, launches queued back to back."""
+    torch = D.torch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    inner: dict[str, int] = {}
+    for name, fn in fns.items():
+        for _ in range(2):
+            fn()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        inner[name] = max(1, min(1000, int(min_ms / max(start.elapsed_time(end), 1e-3))))
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start.record()
+            for _ in range(inner[name]):
+                fn()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) / inner[name])
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """max|got - want| / max|want| (korch.profile.e2e.max_rel_error's measure, one output)."""
+    if got.shape != want.shape:
+        return float("inf")
+    g, w = np.nan_to_num(got.astype(np.float64)), np.nan_to_num(want.astype(np.float64))
+    return float(np.max(np.abs(g - w), initial=0.0) / (np.max(np.abs(w), initial=0.0) or 1.0))
+
+
+GRAPH_TOLERANCE = 1e-5  # replay against the step loop: the same kernels, so the same numbers
+
+
+def choose_cuda_graph(exe, feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Note [CUDA graph choice]: keep ``exe.cuda_graph`` only where the replay is at least
+    as fast as the step loop; returns what the report records. Precondition: ``exe`` was
+    built for the cuda target (device kernels)."""
+    if not exe.cuda_graph:
+        return {"cuda_graph": "off"}
+    loop = DeviceRunner(exe, cuda_graph=False)
+    if loop.device != "cuda":
+        return {"cuda_graph": "skipped: no CUDA device (Triton interpreter)"}
+    if not loop.all_device:
+        exe.cuda_graph = False
+        exe._device_runner = None
+        return {"cuda_graph": "off: a host kernel in the plan cannot be captured"}
+    graph = DeviceRunner(exe, cuda_graph=True)
+    xs = loop.inputs_to_device(feeds)
+    try:
+        want = {k: D.to_host(v) for k, v in loop.run_device(xs).items()}
+        got = {k: D.to_host(v) for k, v in graph.run_device(xs).items()}
+    except Exception as e:  # noqa: BLE001 - a capture that fails leaves the step loop
+        exe.cuda_graph = False
+        exe._device_runner = None
+        return {"cuda_graph": f"off: capture failed ({type(e).__name__}: {str(e)[:120]})"}
+    err = max((_rel_err(got[k], w) for k, w in want.items()), default=0.0)
+    ms = time_device_ms({"graph": lambda: graph.run_device(xs), "loop": lambda: loop.run_device(xs)})
+    keep = err <= GRAPH_TOLERANCE and ms["graph"] <= ms["loop"]
+    exe.cuda_graph = keep
+    exe._device_runner = graph if keep else None
+    info = {"cuda_graph": "on" if keep else "off: the step loop was faster or differed"}
+    return {**info, "cuda_graph_ms": round(ms["graph"], 4), "step_loop_ms": round(ms["loop"], 4), "graph_rel_err": err}

@@ -2,5 +2,5 @@
 
 import os
 
-# Set before TVM starts its thread pool: see Note [No spinning thread pools] in tvm_backend.py.
+# Set before TVM starts its thread pool: see Note [No spinning thread pools] in kernels/tvm/backend.py.
 os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")

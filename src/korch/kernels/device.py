@@ -16,6 +16,7 @@ torch is imported lazily: ``import korch`` never imports it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Sequence
 
@@ -38,6 +39,22 @@ def has_cuda() -> bool:
         return bool(torch().cuda.is_available())
     except ImportError:
         return False
+
+
+def cuda_target_problem() -> str | None:
+    """Why the ``cuda`` target cannot run here (one line for the CLI), or None.
+
+    It runs where torch and triton are importable and either torch sees a CUDA device
+    or Triton interprets on the CPU (``TRITON_INTERPRET=1``, Note [Device kernels])."""
+    missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"--target cuda needs {' and '.join(missing)}, not installed here (pip install 'korch[gpu]')"
+    if interpret() or has_cuda():
+        return None
+    return (
+        "--target cuda: torch sees no CUDA device here; use --target cpu, or set "
+        "TRITON_INTERPRET=1 to run the cuda target's kernels on the CPU under Triton's interpreter"
+    )
 
 
 def device_name() -> str:

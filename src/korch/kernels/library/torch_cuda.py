@@ -75,7 +75,9 @@ class TorchCudaKernel(CompiledKernel):
             value = None
             if s.operand is not None:
                 if s.operand.scalar is not None:
-                    value = s.operand.scalar
+                    # a device tensor made once: one made per call is a host-to-device
+                    # copy, which a CUDA graph capture refuses (Note [CUDA graph choice])
+                    value = torch.tensor(s.operand.scalar, dtype=D.torch_dtype(plan.dtype), device=self.device)
                 elif s.operand.name in self.consts:
                     value = dev(np.ascontiguousarray(s.operand.view(self.consts[s.operand.name])))
             self._steps.append((s, value))

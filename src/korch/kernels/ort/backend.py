@@ -32,7 +32,7 @@ def make_session(model: bytes | str, num_threads: int, spin: bool = False):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3
-    # Note [No spinning thread pools] in tvm_backend.py: a kernel among others never
+    # Note [No spinning thread pools] in kernels/tvm/backend.py: a kernel among others never
     # spins (vit_tiny_b1's BLP plan, timed in blocks: 56 ms; 76 ms when every session
     # spins during its calls). A kernel that is the whole executable (the plan check's
     # one-region plans, OrtKernel.set_spin) spins like onnxruntime's default session,
