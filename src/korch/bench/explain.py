@@ -214,7 +214,9 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         "runs": t["runs"],
         "redundant_primitives": sum(c - 1 for c in count.values() if c > 1),
         "top": sorted(kernels, key=lambda k: -k["us"])[:top],
-        "report": {k: compiled.report.get(k) for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us")},
+        "report": {
+            k: compiled.report.get(k) for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us", "skipped")
+        },
         "graph": g,
         "steps": exe.steps,
     }
@@ -238,6 +240,10 @@ def format_explain(info: dict[str, Any]) -> str:
     pred = info["report"].get("predicted_latency_us")
     if pred:
         lines.append(f"sum of profiled kernel costs (the BLP's objective): {pred / 1e3:.3f} ms")
+    skipped = info["report"].get("skipped") or []
+    if skipped:  # Note [Skipped optimizations]
+        units = ", ".join(sorted({f"{r['stage']}:{r['unit']}" for r in skipped}))
+        lines.append(f"optimizations skipped (they raised; report.json 'skipped'): {len(skipped)}: {units}")
     lines += [
         "",
         f"top {len(info['top'])} kernels:",
