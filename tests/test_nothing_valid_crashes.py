@@ -116,7 +116,9 @@ def test_unseen_exports_compile_with_korch_optimize(name, tmp_path):
     path = _export(module, (1, 32, 14, 14), tmp_path / f"{name}.onnx")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "korch", "optimize", str(path), "-o", str(out), "--db", str(tmp_path / "db"), "-q"],
+        # --no-plan-check: CI time; the crash was in the rewrites, long before the plan check
+        [sys.executable, "-m", "korch", "optimize", str(path), "-o", str(out), "--db", str(tmp_path / "db"), "-q"]
+        + ["--threads", "2", "--no-plan-check"],
         capture_output=True,
         text=True,
         timeout=900,
