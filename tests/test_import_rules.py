@@ -124,7 +124,9 @@ def test_ir_imports_only_the_ir(mod):
 
 
 def test_only_bench_imports_bench():
-    users = sorted(m for m in MODULES if not m.startswith("korch.bench") and any(d.startswith("korch.bench") for d in GRAPH[m]))
+    users = sorted(
+        m for m in MODULES if not m.startswith("korch.bench") and any(d.startswith("korch.bench") for d in GRAPH[m])
+    )
     assert users == []
 
 

@@ -75,6 +75,7 @@ def test_model_matches_onnxruntime(name, compiled):
     model, _ = compiled(name)
     r = model.report
     assert r["max_rel_error"] <= TOL, r
+    assert r["skipped"] == [], r["skipped"]  # no optimization raised (issue 26)
     _check_order(model)
     g = model.graph
     assert r["kernels_chosen"] < r["primitives"]

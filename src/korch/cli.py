@@ -34,6 +34,7 @@ SUMMARY_FIELDS = [
     ("speedup", "speedup vs onnxruntime"),
     ("max_rel_error", "max relative error"),
     ("optimize_seconds", "optimize seconds"),
+    ("skipped", "optimizations skipped"),  # shown when some raised (Note [Skipped optimizations])
 ]
 
 
@@ -43,6 +44,10 @@ def format_summary(report: dict) -> str:
         if key not in report:
             continue
         v = report[key]
+        if key == "skipped":
+            if not v:
+                continue
+            v = sum(r.get("count", 1) for r in v)
         if isinstance(v, dict):
             v = sum(v.values())
         if isinstance(v, float):

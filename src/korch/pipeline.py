@@ -366,14 +366,17 @@ STEPS: list[tuple[str, Callable[[Context], None]]] = [
 
 
 def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = True) -> Context:
+    from korch.diagnostics import collecting
+
     ctx = Context(settings, source, shapes)
-    for name, fn in STEPS:
-        if name == "measure" and not measure:
-            continue
-        t0 = time.perf_counter()
-        log.info("step %s", name)
-        fn(ctx)
-        ctx.stage_seconds[name] = round(time.perf_counter() - t0, 3)
+    with collecting() as skipped:  # Note [Skipped optimizations]
+        for name, fn in STEPS:
+            if name == "measure" and not measure:
+                continue
+            t0 = time.perf_counter()
+            log.info("step %s", name)
+            fn(ctx)
+            ctx.stage_seconds[name] = round(time.perf_counter() - t0, 3)
     g = ctx.graph
     assert g is not None
     redundant = sum(len(c.kernel.nodes) for c in ctx.chosen) - len({n for c in ctx.chosen for n in c.kernel.nodes})
@@ -396,6 +399,7 @@ def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = T
         "predicted_latency_us": round(sum(c.cost_us for c in ctx.chosen), 1),
         "buffers": ctx.executable.buffer_stats if ctx.executable else {},
         "stage_seconds": ctx.stage_seconds,
+        "skipped": skipped.records(),  # optimizations that raised (Note [Skipped optimizations])
     }
     return ctx
 

@@ -484,6 +484,34 @@ def test_sink_pointwise_conv_structure():
     assert g3 is not None and [n.op for n in g3.nodes].count(Op.CONV) == 1
 
 
+def test_sink_pointwise_conv_rank0_scalars():
+    """Issue 26: a rank-0 scalar constant beside an NCHW tensor (``y * 0.5 + 3.0``, as in
+    MobileNetV3's hardswish and ConvNeXt's GELU exports) ended the walk in an
+    IndexError. A scalar is constant along channels, so the convolution passes it
+    (conv(a * s) = conv(a) * s, conv(a + s) = conv(a) + s W.sum(1))."""
+    rng = np.random.default_rng(7)
+    b = GraphBuilder()
+    c, out = 4, 6
+    parts = []
+    for k, hw in enumerate((2, 3)):
+        x = b.input(f"x{k}", (1, hw * hw, 3), "float32")
+        parts.append(_decode_stage(b, rng, x, c, hw, out, nearest=False))
+    y = b.add(Op.MUL, [parts[0], b.const(np.float32(0.5))])
+    parts[0] = b.add(Op.ADD, [y, b.const(np.float32(3.0))])
+    cat = b.add(Op.CONCAT, parts, axis=1)
+    attrs = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+    b.output("y", b.add(Op.CONV, [cat, b.const(_w(rng, 5, 2 * c, 1, 1))], **attrs))
+    g = b.graph
+    verify(g)
+    g2 = apply_rule(g, RULES_BY_NAME["sink_pointwise_conv"])
+    assert g2 is not None
+    verify(g2)
+    feed = _inputs(g, np.random.default_rng(1))
+    np.testing.assert_allclose(evaluate(g2, feed)["y"], evaluate(g, feed)["y"], rtol=RTOL, atol=ATOL)
+    ops = [n.op for n in g2.nodes]  # both stages sunk into their projections
+    assert Op.CONV not in ops and ops.count(Op.MATMUL) == 2
+
+
 def test_narrow_before_transpose_structure():
     """After the rule the only transpose moves the projection's N channels, the GELU runs
     on the NCHW tensor, and a widening projection is left alone; ``for_library`` applies

@@ -136,7 +136,7 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         "top": sorted(kernels, key=lambda k: -k["us"])[:top],
         "report": {
             k: compiled.report.get(k)
-            for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us", "plan_name", "plan_family")
+            for k in ("latency_ms", "onnxruntime_ms", "predicted_latency_us", "plan_name", "plan_family", "skipped")
         },
         # the share of end-to-end time in kernels korch generated (TVM, Triton)
         "generated_share": sum(k["us"] for k in kernels if k["backend"] in GENERATORS) / max(t["end_to_end_us"], 1e-9),
@@ -171,6 +171,10 @@ def format_explain(info: dict[str, Any]) -> str:
     pred = info["report"].get("predicted_latency_us")
     if pred:
         lines.append(f"sum of profiled kernel costs (the BLP's objective): {pred / 1e3:.3f} ms")
+    skipped = info["report"].get("skipped") or []
+    if skipped:  # Note [Skipped optimizations]
+        units = ", ".join(sorted({f"{r['stage']}:{r['unit']}" for r in skipped}))
+        lines.append(f"optimizations skipped (they raised; report.json 'skipped'): {len(skipped)}: {units}")
     lines += [
         "",
         f"top {len(info['top'])} kernels:",

@@ -115,9 +115,24 @@ PARALLEL_PREDICTION_MIN = 1500
 _PREDICTION_CHUNK = 128
 
 
+def _tile_or_skip(kgraph: Graph, settings, vb: int) -> tuple[Any, float | None]:
+    """``_tile_and_predict``, or (a ``Skipped``, None) when no tile config can be made
+    (Note [Skipped optimizations]; a value, not a record: this may run in a spawned
+    process, and the pipeline's process records it)."""
+    from korch.diagnostics import Skipped
+    from korch.errors import KorchError
+
+    try:
+        return _tile_and_predict(kgraph, settings, vb)
+    except KorchError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        return Skipped("tiling", "", type(e).__name__, str(e).strip()[:500]), None
+
+
 def _predict_chunk(args) -> list[tuple[Any, float | None]]:
     kgraphs, settings, vb = args
-    return [_tile_and_predict(g, settings, vb) for g in kgraphs]
+    return [_tile_or_skip(g, settings, vb) for g in kgraphs]
 
 
 def predict_all(kgraphs: list[Graph], settings, vb: int, workers: int | None = None) -> list[tuple[Any, float | None]]:
@@ -154,6 +169,7 @@ def _cost(results, w, backends) -> float | None:
 
 def step_profile(ctx) -> None:
     """Pipeline step ``profile`` (Note [Model-guided profiling])."""
+    from korch.diagnostics import Skipped, record
     from korch.ir.subgraph import extract, kernel_consts
     from korch.kernels.tvm.tiling import config_key
     from korch.orchestrate.confirm import confirm_near_ties
@@ -177,6 +193,10 @@ def step_profile(ctx) -> None:
 
         vb = vector_bytes()
         for w, (cfg, p) in zip(generated, predict_all([w.kgraph for w in generated], s, vb)):
+            if isinstance(cfg, Skipped):  # not generatable: no tvm candidate (Note [Skipped optimizations])
+                record("tiling", w.hash[:16], cfg.message, error=cfg.error)
+                w.backends = _without_tvm(w.kgraph, w.backends)
+                continue
             w.tile_config, w.config = cfg, config_key(cfg)
             if p is not None and w.backends == ("tvm",):
                 pred[w.hash] = p
@@ -234,6 +254,11 @@ def step_profile(ctx) -> None:
         pool.close()
         db.close()
 
+    _record_build_failures(workloads, results)
+    for c in ctx.candidates:  # a failed tiling took tvm away (Note [Skipped optimizations])
+        if "tvm" in c.backends and "tvm" not in workloads[c.hash].backends:
+            c.backends = workloads[c.hash].backends
+    ctx.candidates = [c for c in ctx.candidates if c.backends]
     measured_hashes = set()
     for c in ctx.candidates:
         w = workloads[c.hash]
@@ -261,6 +286,26 @@ def step_profile(ctx) -> None:
         prediction_seconds=round(gs.prediction_seconds, 3),
         tile_configs=s.tile_configs,
     )
+
+
+def _without_tvm(kgraph: Graph, backends: tuple[str, ...]) -> tuple[str, ...]:
+    """``backends`` less tvm; a single primitive keeps onnxruntime, which runs any one."""
+    rest = tuple(b for b in backends if b != "tvm")
+    if rest or len(kgraph.compute_ids()) != 1:
+        return rest
+    from korch.kernels.registry import get_backend
+
+    return ("ort",) if get_backend("ort").supports(kgraph) else ()
+
+
+def _record_build_failures(workloads: dict, results: dict) -> None:
+    """A candidate whose build failed (raised, crashed or ran out of time while
+    building) was measured as failed and is not chosen; say so in the report."""
+    from korch.diagnostics import record
+
+    for (h, b), m in results.items():
+        if not m.ok and m.status != "wrong" and "build" in (m.error or "") and h in workloads:
+            record("build", f"{h[:16]}/{b}", m.error, error=m.status)
 
 
 # workloads of each predicted class measured before the first round (Note [Model-guided

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from korch.diagnostics import guarded, record
 from korch.ir.graph import Graph, GraphBuilder, Node
 from korch.ir.ops import GroupOp, Op
 from korch.rewrite.pattern import Ctx, Match, Rule
@@ -57,11 +58,18 @@ class RewriteBuilder(GraphBuilder):
                     break
                 ctx = Ctx(self.graph)
                 for rule in self._rules_for(op):
-                    m = rule.match(ctx, nid)
-                    if m is not None:
+                    # a rule that raises is not applied here (Note [Skipped optimizations]);
+                    # what a failed replacement added is dead, and dropped by ``compact``
+                    try:
+                        m = rule.match(ctx, nid)
+                        if m is None:
+                            continue
                         new = _replace(rule, self, m, lambda name, m=m: m.nodes[name])[nid]
-                        self.counts[rule.name] += 1
-                        break
+                    except Exception as e:  # noqa: BLE001
+                        record("rewrite", rule.name, e)
+                        continue
+                    self.counts[rule.name] += 1
+                    break
                 else:
                     break
                 if new == nid:
@@ -191,7 +199,11 @@ def find_matches(graph: Graph, rules: Sequence[Rule]) -> Iterator[tuple[Rule, Ma
         for nid in compute:
             if ops is not None and graph.nodes[nid].op not in ops:
                 continue
-            m = rule.match(ctx, nid)
+            try:
+                m = rule.match(ctx, nid)
+            except Exception as e:  # noqa: BLE001 - a rule that raises does not match (Note [Skipped optimizations])
+                record("rewrite", rule.name, e)
+                continue
             if m is not None:
                 yield rule, m
 
@@ -250,8 +262,14 @@ def for_library(graph: Graph, rules: Sequence[Rule] | None = None, counts: Count
         rules = LIBRARY_LAYOUT
     counts = counts if counts is not None else Counter()
     for _ in range(len(graph.nodes)):
-        first = next(find_matches(graph, rules), None)
-        if first is None:
+        for rule, m in find_matches(graph, rules):
+            # the first match whose replacement builds (Note [Skipped optimizations])
+            one: Counter = Counter()
+            new = guarded("rewrite", rule.name, rebuild, graph, [(rule, m)], (), one)
+            if new is not None:
+                graph = new
+                counts.update(one)
+                break
+        else:
             break
-        graph = rebuild(graph, [first], (), counts)
     return graph

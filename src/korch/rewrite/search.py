@@ -31,6 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from korch.diagnostics import guarded
 from korch.ir.graph import Graph
 from korch.rewrite.cost import default_cost
 from korch.rewrite.driver import find_matches, graph_hash, rebuild
@@ -118,11 +119,10 @@ def optimize_graph(
                 stopped = "time"
                 break
             new_counts = Counter(counts)
-            try:
-                g2 = rebuild(g, [(rule, m)], simplify, new_counts, simplified=True)
-            except (ValueError, KeyError, IndexError) as e:
+            # a rule whose replacement raises is skipped here (Note [Skipped optimizations])
+            g2 = guarded("rewrite", rule.name, rebuild, g, [(rule, m)], simplify, new_counts, simplified=True)
+            if g2 is None:
                 failed += 1
-                log.warning("rewrite rule %s failed at %s: %s", rule.name, m.roots, e)
                 continue
             h = graph_hash(g2)
             if h in seen:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from korch.diagnostics import guarded, run_passes
 from korch.ir.graph import Graph, Node
 from korch.ir.ops import GroupOp, Op
 from korch.kernels.ort.dtypes import compute_dtype
@@ -458,24 +459,45 @@ def to_onnx(
     convolutions (Note [Sub-pixel convolution]) and row islands (Note [Row islands])
     are rewritten for onnxruntime too.
     """
+    # each raising and export pass is an optimization: one that raises is skipped
+    # (Note [Skipped optimizations] in korch.diagnostics)
+    passes = [subpixel_convs, flatten_rows] + ([pad_channels] if channel_padding else [])
+    return run_passes("export", lambda: _primitive_model(graph, const_inputs, opset), passes)
+
+
+def _primitive_model(graph: Graph, const_inputs: dict[str, np.ndarray] | None, opset: int):
+    """``to_onnx`` before its model passes."""
     from onnx import helper
 
     const_inputs = dict(const_inputs or {})
-    eff = bypass_broadcasts(graph)
-    raised = {nid: ((src,), op, attrs) for nid, (src, op, attrs) in raise_max_pools(graph).items()}
-    raised.update({nid: ((src,), op, attrs) for nid, (src, op, attrs) in raise_hard_activations(graph).items()})
-    raised.update(raise_softmax(graph, eff))
-    raised.update(raise_global_average_pools(graph, eff))
-    raised.update(raise_depth_space(graph, eff))
+
+    def g(name: str, fn, *args, **kw) -> dict:  # the pass's result; a fresh {} if it raises
+        return guarded("export", name, fn, *args, **kw) or {}
+
+    eff = g("bypass_broadcasts", bypass_broadcasts, graph)
+    raised = {
+        nid: ((src,), op, attrs) for nid, (src, op, attrs) in g("raise_max_pools", raise_max_pools, graph).items()
+    }
+    raised.update(
+        {
+            nid: ((src,), op, attrs)
+            for nid, (src, op, attrs) in g("raise_hard_activations", raise_hard_activations, graph).items()
+        }
+    )
+    raised.update(g("raise_softmax", raise_softmax, graph, eff))
+    raised.update(g("raise_global_average_pools", raise_global_average_pools, graph, eff))
+    raised.update(g("raise_depth_space", raise_depth_space, graph, eff))
     if model_opset_at_least(graph, opset, 13):
-        raised.update(raise_linear_resizes(graph, eff, const_inputs))
-        raised.update(raise_nearest_upsamples(graph, eff))
-    raised.update(raise_layer_norms(graph, eff, layer_norm=model_opset_at_least(graph, opset, 17)))
+        raised.update(g("raise_linear_resizes", raise_linear_resizes, graph, eff, const_inputs))
+        raised.update(g("raise_nearest_upsamples", raise_nearest_upsamples, graph, eff))
+    raised.update(
+        g("raise_layer_norms", raise_layer_norms, graph, eff, layer_norm=model_opset_at_least(graph, opset, 17))
+    )
     eff.update({nid: srcs for nid, (srcs, _, _) in raised.items()})
-    attention = raise_attention(graph, eff, const_inputs, raised)  # over the raised Softmaxes
+    attention = g("raise_attention", raise_attention, graph, eff, const_inputs, raised)  # over the raised Softmaxes
     raised.update(attention)
     eff.update({nid: srcs for nid, (srcs, _, _) in attention.items()})
-    eff.update(reassociate_conv_biases(graph, eff, const_inputs, raised))
+    eff.update(g("reassociate_conv_biases", reassociate_conv_biases, graph, eff, const_inputs, raised))
     live = _live(graph, eff)
     # opsets: ours, overridden by the opaque nodes' own
     domains: dict[str, int] = {}
@@ -545,5 +567,4 @@ def to_onnx(
     except Exception:  # noqa: BLE001 - keep make_model's choice
         pass
     model.ir_version = max(model.ir_version, 8)
-    model = flatten_rows(subpixel_convs(model))
-    return pad_channels(model) if channel_padding else model
+    return model

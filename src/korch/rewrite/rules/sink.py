@@ -66,15 +66,20 @@ def _pointwise_weight(g: Graph, nid: int) -> np.ndarray | None:
     return g.const_value(node.inputs[1]).reshape(w.shape[0], w.shape[1])
 
 
-def _const(g: Graph, nid: int) -> np.ndarray | None:
-    """A small constant at ``nid``'s rank, or None."""
+def _const(g: Graph, nid: int, rank: int | None = None) -> np.ndarray | None:
+    """A small constant at ``rank`` (default ``nid``'s own), or None.
+
+    ``rank`` is that of the tensor the constant meets: an elementwise primitive's
+    inputs have its shape or are rank-0 scalar constants (``korch.ir.verify``), and a
+    scalar is read at the consumer's rank, all ones (it is constant along every axis).
+    """
     node = g.nodes[nid]
     if node.op not in (Op.CONST, Op.BROADCAST, Op.RESHAPE):
         return None
     val = bcast_const(g, nid)
     if val is None or val.size > _SMALL_CONST:
         return None
-    rank = len(node.shape)
+    rank = len(node.shape) if rank is None else rank
     return val.reshape((1,) * rank) if val.size == 1 else (val if val.ndim == rank else None)
 
 
@@ -139,6 +144,7 @@ class _Walk:
         g, node = self.g, self.g.nodes[nid]
         if not is_float(node) or _const(g, nid) is not None:
             return []
+        rank = len(node.shape)  # an input of another shape is a rank-0 constant (verify)
         if space == "conv":
             if node.op is Op.CONCAT and node.attr("axis") == 1:
                 return [(i, "conv") for i in node.inputs]
@@ -149,12 +155,12 @@ class _Walk:
             if node.op is Op.MUL:
                 a, c = node.inputs
                 for x, k in ((a, c), (c, a)):
-                    val = _const(g, k)
-                    if val is not None and val.shape[1] == 1 and _const(g, x) is None:
+                    val = _const(g, k, rank)  # a scalar too: at the MUL's rank
+                    if val is not None and val.shape[1] == 1 and _const(g, x, rank) is None:
                         return [(x, "conv")]
                 return []
             if node.op is Op.ADD:
-                return [(i, "conv") for i in node.inputs if _const(g, i) is None]
+                return [(i, "conv") for i in node.inputs if _const(g, i, rank) is None]
             m = _nchw_view(g, nid)
             if m is not None:
                 return [(node.inputs[0], "view"), (m, "mm")]
@@ -162,7 +168,7 @@ class _Walk:
         if space == "view":
             return []
         if node.op is Op.ADD:
-            return [(i, "mm") for i in node.inputs if _const(g, i) is None]
+            return [(i, "mm") for i in node.inputs if _const(g, i, rank) is None]
         return []  # a MatMul by a constant is folded, not passed (``_region``): its input is a leaf
 
     def _region(self, root: int) -> set[int]:
@@ -174,7 +180,9 @@ class _Walk:
                 continue
             nxt = self._through(nid, space)
             node = self.g.nodes[nid]
-            foldable = space == "mm" and node.op is Op.MATMUL and self.g.nodes[node.inputs[1]].op is Op.CONST
+            # matmul(matmul(z, V), W^T) = matmul(z, V . W^T) folds a matrix V[K, C] only
+            v = self.g.nodes[node.inputs[1]] if node.op is Op.MATMUL else None
+            foldable = space == "mm" and v is not None and v.op is Op.CONST and len(v.shape) == 2
             if nxt or space == "view" or foldable:
                 cand.add(nid)
                 stack.extend(nxt)
@@ -185,13 +193,16 @@ class _Walk:
             cand -= bad
 
     # --- the push -------------------------------------------------------------------
-    def conv(self, nid: int, w: np.ndarray) -> tuple:
-        key = ("conv", nid, _digest(w))
+    def conv(self, nid: int, w: np.ndarray, at: tuple[int, ...] | None = None) -> tuple:
+        """``conv(node, W)``; ``at``: the shape ``node`` has where it is read (a rank-0
+        scalar constant meets an NCHW tensor; default the node's own)."""
+        g, node = self.g, self.g.nodes[nid]
+        at = tuple(node.shape) if at is None else tuple(at)
+        key = ("conv", nid, _digest(w), at)
         if key in self.memo:
             return self.memo[key]
-        g, node = self.g, self.g.nodes[nid]
-        shape = (node.shape[0], w.shape[0]) + tuple(node.shape[2:])
-        val = _const(g, nid)
+        shape = (at[0], w.shape[0]) + at[2:]
+        val = _const(g, nid, len(at))
         if val is not None:
             full = np.broadcast_to(val, val.shape[:1] + (w.shape[1],) + val.shape[2:])
             e: tuple = ("const", np.einsum("oc,bchw->bohw", w, full).astype(node.dtype), shape)
@@ -212,10 +223,10 @@ class _Walk:
         elif node.op is Op.MUL:
             (x,) = (i for i, _ in self._through(nid, "conv"))
             k = node.inputs[1] if node.inputs[0] == x else node.inputs[0]
-            e = ("mul", self.conv(x, w), _const(g, k), shape)
+            e = ("mul", self.conv(x, w), _const(g, k, len(at)), shape)
         elif node.op is Op.ADD:
             a, b = node.inputs
-            e = ("add", self.conv(a, w), self.conv(b, w), shape)
+            e = ("add", self.conv(a, w, at), self.conv(b, w, at), shape)
         else:  # the channels-last view
             m = _nchw_view(g, nid)
             inner = self.mm(m, w.T)
@@ -245,20 +256,22 @@ class _Walk:
             return ("conv", x, e[2].T, shape)
         return None
 
-    def mm(self, nid: int, wt: np.ndarray) -> tuple:
-        """``matmul(node, wt)`` for a rank-3 channels-last ``node`` and ``wt[C, Co]``."""
-        key = ("mm", nid, _digest(wt))
+    def mm(self, nid: int, wt: np.ndarray, at: tuple[int, ...] | None = None) -> tuple:
+        """``matmul(node, wt)`` for a rank-3 channels-last ``node`` and ``wt[C, Co]``;
+        ``at`` as in ``conv``."""
+        g, node = self.g, self.g.nodes[nid]
+        at = tuple(node.shape) if at is None else tuple(at)
+        key = ("mm", nid, _digest(wt), at)
         if key in self.memo:
             return self.memo[key]
-        g, node = self.g, self.g.nodes[nid]
-        shape = tuple(node.shape[:-1]) + (wt.shape[1],)
-        val = _const(g, nid)
+        shape = at[:-1] + (wt.shape[1],)
+        val = _const(g, nid, len(at))
         if val is not None:
             full = np.broadcast_to(val, val.shape[:-1] + (wt.shape[0],))
             e: tuple = ("const", (full @ wt).astype(node.dtype), shape)
         elif nid in self.region and node.op is Op.ADD:
             a, b = node.inputs
-            e = ("add", self.mm(a, wt), self.mm(b, wt), shape)
+            e = ("add", self.mm(a, wt, at), self.mm(b, wt, at), shape)
         elif nid in self.region and node.op is Op.MATMUL:
             z, v = node.inputs
             vv = g.const_value(v)
