@@ -36,6 +36,46 @@ def ort_session(model, num_threads: int):
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
+OPENVINO_PRECISION = "f32"
+
+
+def openvino_runner(model_path, feeds: Mapping[str, np.ndarray], out_names: list[str], num_threads: int):
+    """(run, info): the ONNX file compiled by OpenVINO for its CPU plugin, always at fp32.
+
+    On CPUs with AMX (or AVX-512 bf16) the CPU plugin otherwise infers in bf16, a
+    different accuracy from every other engine here, so ``INFERENCE_PRECISION_HINT`` is
+    set to f32 and read back from the compiled model; the latency hint and the thread
+    count are those of the other peers (one stream, ``num_threads`` threads).
+    ``run()`` returns the outputs by name. Raises ImportError without ``openvino``."""
+    import openvino as ov
+
+    core = ov.Core()
+    config = {
+        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION,
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": int(num_threads),
+    }
+    compiled = core.compile_model(core.read_model(str(model_path)), "CPU", config)
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+    if precision != ov.Type.f32:
+        raise RuntimeError(f"OpenVINO compiled at {precision}, not f32")
+    request = compiled.create_infer_request()
+    ports = {p.get_any_name(): p for p in compiled.outputs}
+    order = [ports.get(n, compiled.outputs[i]) for i, n in enumerate(out_names)]
+    data = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+
+    def run():
+        res = request.infer(data)
+        return {n: res[p] for n, p in zip(out_names, order)}
+
+    info = {
+        "openvino": ov.__version__.split("-")[0],
+        "precision": precision.get_type_name(),
+        "threads": int(num_threads),
+    }
+    return run, info
+
+
 def max_rel_error(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> float:
     """max over outputs of max|got - want| / max|want| (normwise relative error)."""
     worst = 0.0
@@ -159,6 +199,42 @@ def time_alternating(
             "rel": statistics.median(rel[name]),
             "round_ms": [this[name] for this in per_round],
             "block": block,
+        }
+    return out
+
+
+def over_processes(timings: list[dict]) -> dict:
+    """One ``time_alternating`` result per set of engine processes, combined: per engine,
+    the median over processes of each process's median (Note [Medians over processes]),
+    the per-process medians in ``process_ms``, p10/p90 over the round medians of all
+    processes (one set: returned as it is, p10/p90 over its calls). An engine missing from some sets (a peer that failed to start again) is combined
+    over the sets it ran in.
+
+    Note [Medians over processes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    One process per engine still leaves that process's luck in its median: where its
+    threads and arena landed, which core it shared with the other engine's leftover
+    spinning, what it JIT-compiled. ``korch bench`` therefore starts a fresh set of
+    engine processes several times (``--processes``), alternates the engines within each
+    set, and reports the median over processes, so that one unlucky process moves an
+    engine's number no more than one unlucky round does."""
+    if len(timings) == 1:
+        return {k: {**v, "process_ms": [v["median_ms"]], "processes": 1} for k, v in timings[0].items()}
+    out: dict[str, dict] = {}
+    names = list(dict.fromkeys(k for t in timings for k in t))
+    for name in names:
+        runs = [t[name] for t in timings if name in t]
+        rounds = sorted(x for r in runs for x in r["round_ms"])
+        out[name] = {
+            "median_ms": statistics.median(r["median_ms"] for r in runs),
+            "p10_ms": rounds[len(rounds) // 10],
+            "p90_ms": rounds[(9 * len(rounds)) // 10],
+            "runs": sum(r["runs"] for r in runs),
+            "rel": statistics.median(r["rel"] for r in runs),
+            "round_ms": [x for r in runs for x in r["round_ms"]],
+            "process_ms": [r["median_ms"] for r in runs],
+            "processes": len(runs),
+            "block": runs[0]["block"],
         }
     return out
 

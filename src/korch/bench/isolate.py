@@ -59,6 +59,10 @@ def _build(kind: str, spec: str, feeds: dict, out_names: list[str], threads: int
 
         sess = ort_session(Path(spec).read_bytes(), threads)
         return (lambda: dict(zip(out_names, sess.run(None, feeds)))), info
+    if kind == "ov":
+        from korch.bench.compare import openvino_runner
+
+        return openvino_runner(spec, feeds, out_names, threads)
     if kind in ("eager", "compile"):
         import torch
 
