@@ -145,16 +145,20 @@ def test_bench_reports_a_torch_peer_that_cannot_be_rebuilt(optimized, capsys, tm
 
 
 def test_bench_in_process_flag_keeps_every_engine_here(optimized):
+    import importlib.util
+
     from korch.cli import main
 
     root, model = optimized
+    peers = ["ort", "ov"] if importlib.util.find_spec("openvino") else ["ort"]
     rc = main(
-        ["bench", str(model), "-o", str(root / "out"), "--peers", "ort", "--rounds", "3", "--no-plot"]
+        ["bench", str(model), "-o", str(root / "out"), "--peers", ",".join(peers), "--rounds", "3", "--no-plot"]
         + ["--threads", "2", "--in-process", "--json", str(root / "inproc.json")]
     )
     assert rc == 0
     (row,) = json.loads((root / "inproc.json").read_text())["rows"]
-    assert row["isolated"] is False and set(row["ms"]) == {"korch", "ort"}
+    assert row["isolated"] is False and set(row["ms"]) == {"korch", *peers} and row["processes"] == 1
+    assert all(err <= 1e-4 for err in row["rel_err"].values())
     assert row["max_rel_err_korch"] <= 1e-4
 
 
