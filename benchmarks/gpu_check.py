@@ -276,7 +276,7 @@ def kernel_bandwidth(exe, runner, dev_feeds, cuda: bool) -> list[dict]:
 
 
 def _peer_err(res, want: dict) -> float:
-    from korch.bench.compare import max_rel_error
+    from korch.profile.e2e import max_rel_error
 
     res = res if isinstance(res, (tuple, list)) else (res,)
     if hasattr(res[0], "last_hidden_state"):
@@ -310,7 +310,7 @@ def _ort_device_peer(proto, feeds: dict, want: dict, provider: str, row: dict, k
         sess.run_with_iobinding(binding)
         row[f"{key}_s"] = round(time.perf_counter() - t0, 1)
         got = dict(zip([o.name for o in sess.get_outputs()], binding.copy_outputs_to_cpu()))
-        from korch.bench.compare import max_rel_error
+        from korch.profile.e2e import max_rel_error
 
         row[f"{key}_rel_err"] = max_rel_error({k: got[k] for k in want}, want)
         row[f"{key}_ms"] = time_fn(lambda: sess.run_with_iobinding(binding), True)

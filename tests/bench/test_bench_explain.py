@@ -145,16 +145,20 @@ def test_bench_reports_a_torch_peer_that_cannot_be_rebuilt(optimized, capsys, tm
 
 
 def test_bench_in_process_flag_keeps_every_engine_here(optimized):
+    import importlib.util
+
     from korch.cli import main
 
     root, model = optimized
+    peers = ["ort", "ov"] if importlib.util.find_spec("openvino") else ["ort"]
     rc = main(
-        ["bench", str(model), "-o", str(root / "out"), "--peers", "ort", "--rounds", "3", "--no-plot"]
+        ["bench", str(model), "-o", str(root / "out"), "--peers", ",".join(peers), "--rounds", "3", "--no-plot"]
         + ["--threads", "2", "--in-process", "--json", str(root / "inproc.json")]
     )
     assert rc == 0
     (row,) = json.loads((root / "inproc.json").read_text())["rows"]
-    assert row["isolated"] is False and set(row["ms"]) == {"korch", "ort"}
+    assert row["isolated"] is False and set(row["ms"]) == {"korch", *peers} and row["processes"] == 1
+    assert all(err <= 1e-4 for err in row["rel_err"].values())
     assert row["max_rel_err_korch"] <= 1e-4
 
 
@@ -212,3 +216,27 @@ def test_bench_optimizes_in_a_process_of_its_own(tmp_path):
     assert opt_s == json.loads((out / "report.json").read_text())["optimize_seconds"]
     got = compiled(bench_feeds(compiled.executable.inputs))
     assert all(np.isfinite(v).all() for v in got.values())
+
+
+def test_bench_openvino_peer_at_fp32_over_two_process_sets(optimized):
+    # the ov peer compiles at f32 and matches onnxruntime; each engine is timed in two
+    # fresh processes and the row's median is over them (Note [Medians over processes])
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        pytest.skip("openvino not installed")
+    from korch.cli import main
+
+    root, model = optimized
+    rc = main(
+        ["bench", str(model), "-o", str(root / "out"), "--peers", "ort,ov", "--rounds", "4", "--processes", "2"]
+        + ["--no-plot", "--threads", "2", "--json", str(root / "ov.json")]
+    )
+    assert rc == 0
+    (row,) = json.loads((root / "ov.json").read_text())["rows"]
+    assert set(row["ms"]) == {"korch", "ort", "ov"} and row["processes"] == 2
+    assert row["openvino"]["precision"] == "f32" and row["rel_err"]["ov"] <= 1e-4
+    for engine in ("korch", "ort", "ov"):
+        t = row["timing"][engine]
+        assert t["processes"] == 2 and len(t["process_ms"]) == 2
+        assert sorted(t["process_ms"])[0] <= t["median_ms"] <= sorted(t["process_ms"])[1]

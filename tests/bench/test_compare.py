@@ -98,3 +98,25 @@ def test_shuffled_rounds_give_one_median_per_round_per_engine():
     out = time_shuffled({k: engine(k) for k in calls}, rounds=4, calls=5, warmup=2)
     assert {k: len(v) for k, v in out.items()} == {"a": 4, "b": 4}
     assert calls == {"a": 4 * (2 + 5), "b": 4 * (2 + 5)}
+
+
+def test_over_processes_takes_the_median_of_each_processs_median():
+    # Note [Medians over processes]: one unlucky process moves an engine no more than one round does
+    from korch.profile.e2e import over_processes
+
+    def one(med_a, med_b):
+        return {
+            k: {"median_ms": m, "p10_ms": m, "p90_ms": m, "runs": 4, "rel": 1.0, "round_ms": [m, m], "block": 3}
+            for k, m in (("a", med_a), ("b", med_b))
+        }
+
+    out = over_processes([one(1.0, 2.0), one(1.1, 9.0), one(5.0, 2.2)])
+    assert out["a"]["median_ms"] == 1.1 and out["b"]["median_ms"] == 2.2
+    assert out["a"]["process_ms"] == [1.0, 1.1, 5.0] and out["a"]["processes"] == 3
+    assert out["a"]["runs"] == 12 and len(out["a"]["round_ms"]) == 6
+    # an engine missing from a set (a peer that did not start again) is combined over the rest
+    partial = over_processes([one(1.0, 2.0), {"a": one(3.0, 0)["a"]}])
+    assert partial["b"]["processes"] == 1 and partial["b"]["median_ms"] == 2.0
+    assert partial["a"]["median_ms"] == 2.0
+    # a single set is passed through, its call-level spread kept
+    assert over_processes([one(1.0, 2.0)])["a"]["p10_ms"] == 1.0

@@ -31,6 +31,7 @@ def cmd_bench(args) -> int:
         json_path=args.json or out / "bench.json",
         plot_path=None if args.no_plot else (args.plot or out / "bench.png"),
         isolate=not args.in_process,
+        processes=args.processes,
     )
     return 0
 
@@ -53,11 +54,21 @@ def cmd_explain(args) -> int:
 
 
 def add_parsers(sub, common) -> None:
-    b = sub.add_parser("bench", help="time korch against onnxruntime, PyTorch and TVM on ONNX models")
+    b = sub.add_parser("bench", help="time korch against onnxruntime, OpenVINO, PyTorch and TVM on ONNX models")
     b.add_argument("models", nargs="+", metavar="MODEL.onnx")
     b.add_argument("-o", "--output", default="korch-bench", help="folder of per-model executables, JSON and plot")
-    b.add_argument("--peers", default="ort,eager,compile,tvm", help="comma list of ort, eager, compile, tvm")
+    b.add_argument(
+        "--peers",
+        default="ort,ov,eager,compile,tvm",
+        help="comma list of ort, ov (OpenVINO, fp32), eager, compile, tvm",
+    )
     b.add_argument("--rounds", type=int, default=20, help="interleaved timing rounds (capped at about a minute)")
+    b.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="fresh processes per engine, one set after another; the median over them is reported",
+    )
     b.add_argument("--tvm-runs", type=int, default=3, help="timed runs of the (slow) untuned TVM build")
     b.add_argument("--reoptimize", action="store_true", help="optimize even if the output folder has an executable")
     b.add_argument("--json", help="results JSON (default OUTPUT/bench.json)")

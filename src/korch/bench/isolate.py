@@ -26,7 +26,9 @@ calls after the idle wait are slower (yolo_b1, blocks of three: 4.8 / 3.6 / 3.3 
 three engines that time 2.9-3.0 ms each in blocks of ten or thirty), so ``korch bench``
 sizes blocks to about 100 ms of calls (3 to 30 calls, the first dropped). The parent still
 interleaves the engines round by round, one at a time, so a phase of the machine's
-drift reaches all of them alike. ``korch bench --in-process`` keeps the old way.
+drift reaches all of them alike, and starts several fresh sets of engine processes
+one after another, reporting the median over processes (Note [Medians over processes],
+``korch.profile.e2e.over_processes``). ``korch bench --in-process`` keeps the old way.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def _build(kind: str, spec: str, feeds: dict, out_names: list[str], threads: int
 
         sess = ort_session(Path(spec).read_bytes(), threads)
         return (lambda: dict(zip(out_names, sess.run(None, feeds)))), info
+    if kind == "ov":
+        from korch.bench.peers import openvino_runner
+
+        return openvino_runner(spec, feeds, out_names, threads)
     if kind in ("eager", "compile"):
         import torch
 

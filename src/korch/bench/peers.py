@@ -1,11 +1,13 @@
 """The peers korch is benchmarked against, built in the process that times them: PyTorch
-(eager and torch.compile, rebuilt from a model's torch sidecar) and TVM's untuned build."""
+(eager and torch.compile, rebuilt from a model's torch sidecar), OpenVINO at fp32 and
+TVM's untuned build."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +81,43 @@ def tvm_runner(model_path: Path, feeds: dict[str, np.ndarray], out_names: list[s
 
 
 # --- one model -------------------------------------------------------------------------------
+
+
+OPENVINO_PRECISION = "f32"
+
+
+def openvino_runner(model_path, feeds: Mapping[str, np.ndarray], out_names: list[str], num_threads: int):
+    """(run, info): the ONNX file compiled by OpenVINO for its CPU plugin, always at fp32.
+
+    On CPUs with AMX (or AVX-512 bf16) the CPU plugin otherwise infers in bf16, a
+    different accuracy from every other engine here, so ``INFERENCE_PRECISION_HINT`` is
+    set to f32 and read back from the compiled model; the latency hint and the thread
+    count are those of the other peers (one stream, ``num_threads`` threads).
+    ``run()`` returns the outputs by name. Raises ImportError without ``openvino``."""
+    import openvino as ov
+
+    core = ov.Core()
+    config = {
+        "INFERENCE_PRECISION_HINT": OPENVINO_PRECISION,
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": int(num_threads),
+    }
+    compiled = core.compile_model(core.read_model(str(model_path)), "CPU", config)
+    precision = compiled.get_property("INFERENCE_PRECISION_HINT")
+    if precision != ov.Type.f32:
+        raise RuntimeError(f"OpenVINO compiled at {precision}, not f32")
+    request = compiled.create_infer_request()
+    ports = {p.get_any_name(): p for p in compiled.outputs}
+    order = [ports.get(n, compiled.outputs[i]) for i, n in enumerate(out_names)]
+    data = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+
+    def run():
+        res = request.infer(data)
+        return {n: res[p] for n, p in zip(out_names, order)}
+
+    info = {
+        "openvino": ov.__version__.split("-")[0],
+        "precision": precision.get_type_name(),
+        "threads": int(num_threads),
+    }
+    return run, info

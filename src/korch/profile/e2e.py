@@ -164,6 +164,42 @@ def time_alternating(
     return out
 
 
+def over_processes(timings: list[dict]) -> dict:
+    """One ``time_alternating`` result per set of engine processes, combined: per engine,
+    the median over processes of each process's median (Note [Medians over processes]),
+    the per-process medians in ``process_ms``, p10/p90 over the round medians of all
+    processes (one set: returned as it is, p10/p90 over its calls). An engine missing from some sets (a peer that failed to start again) is combined
+    over the sets it ran in.
+
+    Note [Medians over processes]
+    ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    One process per engine still leaves that process's luck in its median: where its
+    threads and arena landed, which core it shared with the other engine's leftover
+    spinning, what it JIT-compiled. ``korch bench`` therefore starts a fresh set of
+    engine processes several times (``--processes``), alternates the engines within each
+    set, and reports the median over processes, so that one unlucky process moves an
+    engine's number no more than one unlucky round does."""
+    if len(timings) == 1:
+        return {k: {**v, "process_ms": [v["median_ms"]], "processes": 1} for k, v in timings[0].items()}
+    out: dict[str, dict] = {}
+    names = list(dict.fromkeys(k for t in timings for k in t))
+    for name in names:
+        runs = [t[name] for t in timings if name in t]
+        rounds = sorted(x for r in runs for x in r["round_ms"])
+        out[name] = {
+            "median_ms": statistics.median(r["median_ms"] for r in runs),
+            "p10_ms": rounds[len(rounds) // 10],
+            "p90_ms": rounds[(9 * len(rounds)) // 10],
+            "runs": sum(r["runs"] for r in runs),
+            "rel": statistics.median(r["rel"] for r in runs),
+            "round_ms": [x for r in runs for x in r["round_ms"]],
+            "process_ms": [r["median_ms"] for r in runs],
+            "processes": len(runs),
+            "block": runs[0]["block"],
+        }
+    return out
+
+
 def time_shuffled(
     fns: dict[str, Callable[[], object]], rounds: int, calls: int, warmup: int = 3
 ) -> dict[str, list[float]]:
