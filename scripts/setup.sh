@@ -8,3 +8,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null
 .venv/bin/python -m pip install --quiet -e ".[test]"
+# what an extra pulled in must not have replaced a pinned package (a newer torch, say)
+.venv/bin/python scripts/check_pins.py test
