@@ -31,6 +31,7 @@ SUMMARY_FIELDS = [
     ("latency_ms", "end-to-end latency (ms)"),
     ("onnxruntime_ms", "onnxruntime latency (ms)"),
     ("generated_share", "time in korch-generated kernels"),
+    ("latency_over_predicted", "latency / sum of kernel costs"),
     ("speedup", "speedup vs onnxruntime"),
     ("max_rel_error", "max relative error"),
     ("optimize_seconds", "optimize seconds"),
