@@ -75,6 +75,9 @@ def test_cli_no_rewrite_flag(command):
     p = build_parser()
     assert settings_from_args(p.parse_args(command)).rewrite is True
     assert settings_from_args(p.parse_args([*command, "--no-rewrite"])).rewrite is False
+    composed = settings_from_args(p.parse_args([*command, "--composed-only"]))
+    assert (composed.library_regions, composed.whole_plans) == (0, False)
+    assert (settings_from_args(p.parse_args(command)).whole_plans, Settings().library_regions) == (True, 3)
 
 
 def test_default_settings_rewrite_on():

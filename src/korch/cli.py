@@ -31,6 +31,7 @@ SUMMARY_FIELDS = [
     ("latency_ms", "end-to-end latency (ms)"),
     ("onnxruntime_ms", "onnxruntime latency (ms)"),
     ("generated_share", "time in korch-generated kernels"),
+    ("latency_over_predicted", "latency / sum of kernel costs"),
     ("speedup", "speedup vs onnxruntime"),
     ("max_rel_error", "max relative error"),
     ("optimize_seconds", "optimize seconds"),
@@ -93,6 +94,8 @@ def settings_from_args(args):
         kw["db_path"] = args.db
     if args.threads:
         kw["num_threads"] = args.threads
+    if getattr(args, "composed_only", False):
+        kw.update(library_regions=0, whole_plans=False)
     if getattr(args, "max_states", None):
         kw["max_states"] = args.max_states
     if getattr(args, "max_kernel_size", None):
@@ -195,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
             dest="plan_check",
             action="store_false",
             help="keep the BLP's plan without timing alternatives end to end (deterministic choice)",
+        )
+        sp.add_argument(
+            "--composed-only",
+            action="store_true",
+            help="ship a plan korch composed from its own candidates: no library regions, no whole-graph "
+            "onnxruntime plan (Settings library_regions=0, whole_plans=False)",
         )
 
     o = sub.add_parser("optimize", help="optimize an ONNX model into an executable folder")

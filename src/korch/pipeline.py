@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 from korch.config import Settings
 from korch.ir import Graph, GroupOp, verify
 from korch.ir.subgraph import KernelKind, canonical_hash, extract, kernel_class, make_kernel
+from korch.orchestrate.choose import UNMEASURED_PENALTY_US
 from korch.orchestrate.plan import Candidate, Plan, PlanFamily
 
 log = logging.getLogger("korch")
@@ -401,6 +403,12 @@ def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = T
         "stage_seconds": ctx.stage_seconds,
         "skipped": skipped.records(),  # optimizations that raised (Note [Skipped optimizations])
     }
+    # how far the sum of the chosen kernels' costs (each measured alone) is from the
+    # executable's end-to-end time (issue 25: within 15% once kernels cost in place
+    # what they cost alone); baseline plans have no kernel costs
+    pred, lat = ctx.report["predicted_latency_us"], ctx.report.get("latency_ms")
+    if lat and math.isfinite(pred) and 0 < pred < UNMEASURED_PENALTY_US:
+        ctx.report["latency_over_predicted"] = round(lat * 1e3 / pred, 3)
     return ctx
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -111,7 +112,8 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
                 "name": st.name,
                 "backend": st.backend,
                 "class": _kernel_class(st.nodes, g),
-                "us": us,
+                "us": us,  # in place: a clock around the step in the executable
+                "alone_us": st.cost_us,  # measured alone when profiled (the BLP's cost), or None
                 "primitives": len(st.nodes),
                 "redundant": sum(1 for n in st.nodes if count[n] > 1),
                 "ops": _label(st.nodes, g),
@@ -129,6 +131,7 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         "kernels": kernels,
         "groups": groups,
         "dispatch_us": t["dispatch_us"],
+        "dispatch_us_per_kernel": t["dispatch_us"] / max(1, len(kernels)),
         "end_to_end_us": t["end_to_end_us"],
         "plain_end_to_end_us": t["plain_end_to_end_us"],
         "runs": t["runs"],
@@ -167,23 +170,28 @@ def format_explain(info: dict[str, Any]) -> str:
         lines.append(f"{key:<20} {v['kernels']:>7} {v['us'] / 1e3:>9.3f} {pct(v['us'])}")
     lines.append(f"{'dispatch overhead':<20} {'':>7} {info['dispatch_us'] / 1e3:>9.3f} {pct(info['dispatch_us'])}")
     n = max(1, len(info["kernels"]))
-    lines.append(f"  ({info['dispatch_us'] / n:.1f} us per kernel)")
+    lines.append(f"  ({info['dispatch_us'] / n:.1f} us dispatch per kernel)")
     pred = info["report"].get("predicted_latency_us")
-    if pred:
+    if pred and math.isfinite(pred):
         lines.append(f"sum of profiled kernel costs (the BLP's objective): {pred / 1e3:.3f} ms")
+    alone = [k for k in info["kernels"] if k["alone_us"]]
+    if alone:
+        a, p = sum(k["alone_us"] for k in alone), sum(k["us"] for k in alone)
+        lines.append(f"{len(alone)} kernels measured alone {a / 1e3:.3f} ms, in place {p / 1e3:.3f} ms ({p / a:.2f}x)")
     skipped = info["report"].get("skipped") or []
     if skipped:  # Note [Skipped optimizations]
         units = ", ".join(sorted({f"{r['stage']}:{r['unit']}" for r in skipped}))
         lines.append(f"optimizations skipped (they raised; report.json 'skipped'): {len(skipped)}: {units}")
     lines += [
         "",
-        f"top {len(info['top'])} kernels:",
-        f"{'kernel':<16} {'backend':<7} {'class':<7} {'us':>9} {'share':>6}  primitives",
+        f"top {len(info['top'])} kernels (in place: timed in the executable; alone: when profiled):",
+        f"{'kernel':<16} {'backend':<7} {'class':<7} {'in place':>9} {'alone':>9} {'share':>6}  primitives",
     ]
     for k in info["top"]:
         red = f" [{k['redundant']} redundant]" if k["redundant"] else ""
+        alone_us = f"{k['alone_us']:>9.1f}" if k["alone_us"] else f"{'-':>9}"
         lines.append(
-            f"{k['name']:<16} {k['backend']:<7} {k['class']:<7} {k['us']:>9.1f} {pct(k['us'])}  "
+            f"{k['name']:<16} {k['backend']:<7} {k['class']:<7} {k['us']:>9.1f} {alone_us} {pct(k['us'])}  "
             f"{k['ops']} -> {k['out_shape']}{red}"
         )
     return "\n".join(lines)

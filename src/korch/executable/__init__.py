@@ -34,6 +34,9 @@ class Step:
     outputs: tuple[int, ...]
     kernel: CompiledKernel | None = None
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the kernel's cost measured alone (the BLP's cost for it), us; None when unknown
+    # (a baseline plan's single kernel): korch explain sets it beside the time in place
+    cost_us: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,6 +328,7 @@ class Executable:
                     "inputs": list(st.inputs),
                     "outputs": list(st.outputs),
                     "meta": meta,
+                    "cost_us": st.cost_us,
                 }
             )
         plan = {
@@ -368,6 +372,7 @@ class Executable:
                     tuple(s["outputs"]),
                     kernel,
                     s["meta"],
+                    s.get("cost_us"),
                 )
             )
         spec = lambda v: TensorSpec(v["node"], tuple(v["shape"]), v["dtype"])  # noqa: E731

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.ir.subgraph import extract, kernel_consts
 from korch.kernels.registry import get_backend
+from korch.orchestrate.choose import UNMEASURED_PENALTY_US
 from korch.orchestrate.plan import Candidate
 
 
@@ -23,7 +25,12 @@ def build_executable(
     steps: list[Step] = []
     by_backend: dict[str, list[int]] = {}
     for i, c in enumerate(chosen):
-        steps.append(Step(f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs))
+        cost = c.cost_us if math.isfinite(c.cost_us) and c.cost_us < UNMEASURED_PENALTY_US else None
+        steps.append(
+            Step(
+                f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs, cost_us=cost
+            )
+        )
         by_backend.setdefault(c.backend, []).append(i)
     for name, idxs in by_backend.items():
         items = [(extract(g, chosen[i].kernel), kernel_consts(g, chosen[i].kernel)) for i in idxs]
