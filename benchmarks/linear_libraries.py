@@ -136,20 +136,22 @@ def build_native(lib_dir: Path, build_dir: Path) -> dict[str, str]:
     return status
 
 
-def _fmt(res: dict | None, ort: dict | None) -> str:
+def _fmt(res: dict | None, ort: dict | None, key: str) -> str:
     if res is None:
         return "-"
     if "skip" in res:
         return "skip"
-    cell = f"{res['median_us']:.1f}"
-    if ort and "median_us" in ort:
-        cell += f" ({ort['median_us'] / res['median_us']:.2f}x)"
+    cell = f"{res[key]:.1f}"
+    if ort and key in ort:
+        cell += f" ({ort[key] / res[key]:.2f}x)"
+    if res.get("rounds") == 0:
+        cell += " single call"
     if not res["ok"]:
         cell += f" WRONG {res['err']:.1e}"
     return cell
 
 
-def table(results: dict, threads: list[int]) -> str:
+def table(results: dict, threads: list[int], key: str = "median_us") -> str:
     """Markdown: rows case x threads, columns engines; us (ORT time / engine time)."""
     head = "| case | thr | " + " | ".join(ENGINES) + " |"
     lines = [head, "|" + "---|" * (len(ENGINES) + 2)]
@@ -158,7 +160,7 @@ def table(results: dict, threads: list[int]) -> str:
             row = results[str(t)]["cases"].get(case.name)
             if row is None:
                 continue
-            cells = [_fmt(row.get(e), row.get("ort")) for e in ENGINES]
+            cells = [_fmt(row.get(e), row.get("ort"), key) for e in ENGINES]
             lines.append(f"| {case.name} | {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -193,6 +195,9 @@ def parent(args) -> None:
     results = {}
     for t in args.threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(t), OPENBLAS_NUM_THREADS=str(t), MKL_NUM_THREADS=str(t))
+        # OpenBLAS's idle workers busy-wait ~2^28 cycles (~0.1 s) by default, stealing a
+        # core from whichever engine is timed next; 2^4 makes them sleep at once.
+        env["OPENBLAS_THREAD_TIMEOUT"] = "4"
         # MKL dlopens its per-ISA kernels (libmkl_avx2.so...) by name.
         env["LD_LIBRARY_PATH"] = f"{lib_dir / 'lib'}:{env.get('LD_LIBRARY_PATH', '')}"
         out = build_dir / f"t{t}.json"
@@ -215,12 +220,14 @@ def render(results: dict, threads: list[int]) -> str:
     parts = ["## Linear-kernel libraries (fp32, batch 1)", "",
              "Median us per op; in brackets ORT time / engine time (>1: faster than onnxruntime).", ""]
     parts.append(table(results, threads))
+    parts += ["", "Same, p10 of the per-round medians (the least disturbed rounds; the machine is shared):", ""]
+    parts.append(table(results, threads, "p10_us"))
     parts += ["", "Skipped:", skips(results), "", "Machine and load:"]
     for t in threads:
         r = results[str(t)]
         parts.append(f"- {t} thread(s): loadavg start {r['load_start']}, end {r['load_end']}; {r['versions']}")
         parts.append(f"  oneDNN impls: {r.get('onednn_impl', {})}")
-    d = results[str(threads[-1])].get("dispatch", {})
+    d = next((r["dispatch"] for r in results.values() if "dispatch" in r), {"(not run)": "needs --threads 1"})
     parts += ["", "Dispatch cost per call of a trivial kernel (ns):", ""]
     parts += [f"- {k}: {v}" for k, v in d.items()]
     parts += ["", "Spread across rounds:", "", spread_table(results, threads)]
@@ -256,12 +263,16 @@ def child(args) -> None:
             calls[e] = max(1, min(300, int(0.02 / max(t, 1e-7))))
             if e.startswith("onednn"):
                 out["onednn_impl"][f"{case.name} {e}"] = run.info
+            if t > 0.5:  # e.g. oneDNN's reference kernels: the warm-up calls are the result
+                row[e].update(median_us=t * 1e6, p10_us=t * 1e6, p90_us=t * 1e6, rounds=0, calls=1)
+                runs[e].close()
+        runs = {e: r for e, r in runs.items() if "median_us" not in row[e]}
         order = list(runs)
         for _ in range(args.rounds):
             rng.shuffle(order)
             for e in order:
                 samples[e].append(runs[e].time(calls[e]))
-                time.sleep(0.002)  # let spinning pool threads of the previous engine settle
+                time.sleep(0.02)  # let spinning pool threads of the previous engine go idle
         for e in runs:
             flat = np.concatenate(samples[e]) / 1e3
             per_round = [float(np.median(s)) / 1e3 for s in samples[e]]
