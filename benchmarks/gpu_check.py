@@ -253,8 +253,6 @@ def kernel_bandwidth(exe, runner, dev_feeds, cuda: bool) -> list[dict]:
     """Note [Memory-bound bandwidth]: each generated (Triton) kernel timed alone on the
     tensors the step loop gives it; bytes moved are its inputs', outputs' and gather
     tables' sizes (each counted once: a lower bound when a kernel rereads an input)."""
-    from korch.executable.device import is_device_kernel
-    from korch.kernels import device as D
 
     env = dict(runner.consts)
     env.update({spec.node: dev_feeds[name] for name, spec in exe.inputs.items()})
@@ -262,10 +260,7 @@ def kernel_bandwidth(exe, runner, dev_feeds, cuda: bool) -> list[dict]:
     for step in exe.steps:
         k = step.kernel
         args = [env[i] for i in step.inputs]
-        if is_device_kernel(k):
-            outs = k.run_device(args)
-        else:
-            outs = [D.to_device(o, runner.device) for o in k([D.to_host(a) for a in args])]
+        outs = runner.run_step(step, args)
         env.update(zip(step.outputs, outs))
         if step.backend != "triton":
             continue

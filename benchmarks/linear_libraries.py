@@ -120,8 +120,12 @@ def build_native(lib_dir: Path, build_dir: Path) -> dict[str, str]:
     """Compile benchmarks/native/*.cc into build_dir; returns {name: '' or skip reason}."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     status = {}
-    src_of = {"onednn": "linear_onednn", "mkl": "linear_mkl", "dispatch": "dispatch",
-              "dispatch_tvm_ffi": "dispatch_tvm_ffi"}
+    src_of = {
+        "onednn": "linear_onednn",
+        "mkl": "linear_mkl",
+        "dispatch": "dispatch",
+        "dispatch_tvm_ffi": "dispatch_tvm_ffi",
+    }
     for name, (flags, reason) in _native_flags(lib_dir).items():
         if not cxx:
             status[name] = "no C++ compiler (g++ / $CXX)"
@@ -129,8 +133,17 @@ def build_native(lib_dir: Path, build_dir: Path) -> dict[str, str]:
         if reason:
             status[name] = reason
             continue
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", str(NATIVE / f"{src_of[name]}.cc"),
-               "-o", str(build_dir / f"{name}.so"), *flags]
+        cmd = [
+            cxx,
+            "-O2",
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            str(NATIVE / f"{src_of[name]}.cc"),
+            "-o",
+            str(build_dir / f"{name}.so"),
+            *flags,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         status[name] = "" if r.returncode == 0 else f"compile failed: {r.stderr.strip()[-300:]}"
     return status
@@ -166,14 +179,18 @@ def table(results: dict, threads: list[int], key: str = "median_us") -> str:
 
 
 def spread_table(results: dict, threads: list[int]) -> str:
-    lines = ["| case | thr | engine | median us | p10 round | p90 round | rounds x calls |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | thr | engine | median us | p10 round | p90 round | rounds x calls |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for case in CASES:
         for t in threads:
             for e, r in results[str(t)]["cases"].get(case.name, {}).items():
                 if "median_us" in r:
-                    lines.append(f"| {case.name} | {t} | {e} | {r['median_us']:.1f} | {r['p10_us']:.1f} "
-                                 f"| {r['p90_us']:.1f} | {r['rounds']}x{r['calls']} |")
+                    lines.append(
+                        f"| {case.name} | {t} | {e} | {r['median_us']:.1f} | {r['p10_us']:.1f} "
+                        f"| {r['p90_us']:.1f} | {r['rounds']}x{r['calls']} |"
+                    )
     return "\n".join(lines)
 
 
@@ -201,8 +218,21 @@ def parent(args) -> None:
         # MKL dlopens its per-ISA kernels (libmkl_avx2.so...) by name.
         env["LD_LIBRARY_PATH"] = f"{lib_dir / 'lib'}:{env.get('LD_LIBRARY_PATH', '')}"
         out = build_dir / f"t{t}.json"
-        cmd = [sys.executable, __file__, "--child", "--threads", str(t), "--rounds", str(args.rounds),
-               "--build-dir", str(build_dir), "--native-status", json.dumps(native), "--json", str(out)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--threads",
+            str(t),
+            "--rounds",
+            str(args.rounds),
+            "--build-dir",
+            str(build_dir),
+            "--native-status",
+            json.dumps(native),
+            "--json",
+            str(out),
+        ]
         if args.cases:
             cmd += ["--cases", args.cases]
         subprocess.run(cmd, env=env, check=True)
@@ -217,8 +247,12 @@ def parent(args) -> None:
 
 
 def render(results: dict, threads: list[int]) -> str:
-    parts = ["## Linear-kernel libraries (fp32, batch 1)", "",
-             "Median us per op; in brackets ORT time / engine time (>1: faster than onnxruntime).", ""]
+    parts = [
+        "## Linear-kernel libraries (fp32, batch 1)",
+        "",
+        "Median us per op; in brackets ORT time / engine time (>1: faster than onnxruntime).",
+        "",
+    ]
     parts.append(table(results, threads))
     parts += ["", "Same, p10 of the per-round medians (the least disturbed rounds; the machine is shared):", ""]
     parts.append(table(results, threads, "p10_us"))
@@ -276,13 +310,21 @@ def child(args) -> None:
         for e in runs:
             flat = np.concatenate(samples[e]) / 1e3
             per_round = [float(np.median(s)) / 1e3 for s in samples[e]]
-            row[e].update(median_us=float(np.median(flat)), p10_us=float(np.percentile(per_round, 10)),
-                          p90_us=float(np.percentile(per_round, 90)), rounds=args.rounds, calls=calls[e])
+            row[e].update(
+                median_us=float(np.median(flat)),
+                p10_us=float(np.percentile(per_round, 10)),
+                p90_us=float(np.percentile(per_round, 90)),
+                rounds=args.rounds,
+                calls=calls[e],
+            )
         for run in runs.values():
             run.close()
         out["cases"][case.name] = row
-        print(f"[{args.threads}t] {case.name}: " + ", ".join(
-            f"{e} {r['median_us']:.1f}" for e, r in row.items() if "median_us" in r), flush=True)
+        print(
+            f"[{args.threads}t] {case.name}: "
+            + ", ".join(f"{e} {r['median_us']:.1f}" for e, r in row.items() if "median_us" in r),
+            flush=True,
+        )
     if args.threads == 1:
         out["dispatch"] = dispatch_costs(libs, native)
     out["load_start"], out["load_end"] = load_start, [round(x, 2) for x in os.getloadavg()]

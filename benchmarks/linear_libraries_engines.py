@@ -112,8 +112,11 @@ def onnx_model(case, d):
     else:
         c, h, w, o, k, s, p, g = case.dims
         inits.append(numpy_helper.from_array(d["b"], "b"))
-        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["op"], kernel_shape=[k, k], strides=[s, s],
-                                  pads=[p] * 4, group=g)]
+        nodes = [
+            helper.make_node(
+                "Conv", ["x", "w", "b"], ["op"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4, group=g
+            )
+        ]
     if case.fused:
         inputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list(d["r"].shape)))
         nodes += [helper.make_node("Add", ["op", "r"], ["sum"]), helper.make_node("Relu", ["sum"], ["y"])]
@@ -167,6 +170,7 @@ def make_torch(case, d, threads, libs, native):
     y = torch.from_numpy(np.zeros_like(d["y"]))
     r = torch.from_numpy(d["r"]) if case.fused else None
     if case.kind == "mm":
+
         def op():
             torch.matmul(x, w, out=y)
             return y
@@ -193,17 +197,20 @@ def make_numpy(case, d, threads, libs, native):
     x, w, y = d["x"], d["w"], np.zeros_like(d["y"])
     r = d.get("r")
     if case.kind == "mm":
+
         def call():
             np.matmul(x, w, out=y)
             if r is not None:
                 np.add(y, r, out=y)
                 np.maximum(y, 0, out=y)
     else:
+
         def call():
             y[...] = conv_numpy(x, w, d["b"], case)
             if r is not None:
                 np.add(y, r, out=y)
                 np.maximum(y, 0, out=y)
+
     return Run(call, lambda: y.copy())
 
 
@@ -249,12 +256,19 @@ def _onednn(case, d, threads, libs, native, nhwc):
             x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
             r = np.ascontiguousarray(r.transpose(0, 2, 3, 1)) if r is not None else None
             y = np.zeros((1, oh, ow, o), "float32")
-        h = lib.onednn_conv_create(1, c, hh, ww, o, k, k, s, s, p, p, g, oh, ow, _ptr(d["w"]), _ptr(d["b"]),
-                                   fused, int(nhwc), threads)
+        h = lib.onednn_conv_create(
+            1, c, hh, ww, o, k, k, s, s, p, p, g, oh, ow, _ptr(d["w"]), _ptr(d["b"]), fused, int(nhwc), threads
+        )
         output = (lambda: y.transpose(0, 3, 1, 2).copy()) if nhwc else y.copy
     keep += [x, r, y]
-    run = _native_run(lib, lib.onednn_run, [x.ctypes.data, r.ctypes.data if r is not None else None,
-                                            y.ctypes.data], output, h, lib.onednn_destroy)
+    run = _native_run(
+        lib,
+        lib.onednn_run,
+        [x.ctypes.data, r.ctypes.data if r is not None else None, y.ctypes.data],
+        output,
+        h,
+        lib.onednn_destroy,
+    )
     run.info = lib.onednn_impl(h).decode()
     run.keep = keep
     return run
@@ -312,17 +326,24 @@ def make_tvm(case, d, threads, libs, native):
     w = te.placeholder((k, n), "float32", name="w")
     kk = te.reduce_axis((0, k), name="kk")
     y = te.compute((m, n), lambda i, j: te.sum(a[i, kk] * w[kk, j], axis=kk), name="y")
-    f = tvm.compile(tvm.IRModule({"mm": te.create_prim_func([a, w, y]).with_attr("global_symbol", "mm")}),
-                    target="llvm")["mm"]
+    f = tvm.compile(
+        tvm.IRModule({"mm": te.create_prim_func([a, w, y]).with_attr("global_symbol", "mm")}), target="llvm"
+    )["mm"]
     out = np.zeros_like(d["y"])
     ta, tw, ty = (tvm_ffi.from_dlpack(v) for v in (d["x"], d["w"], out))
     return Run(lambda: f(ta, tw, ty), out.copy)
 
 
 ENGINE_MAKERS = {
-    "ort": make_ort, "openvino": make_openvino, "torch": make_torch, "numpy": make_numpy,
-    "onednn": make_onednn, "onednn-nhwc": make_onednn_nhwc, "mkl": make_mkl,
-    "mkl-packed": make_mkl_packed, "tvm": make_tvm,
+    "ort": make_ort,
+    "openvino": make_openvino,
+    "torch": make_torch,
+    "numpy": make_numpy,
+    "onednn": make_onednn,
+    "onednn-nhwc": make_onednn_nhwc,
+    "mkl": make_mkl,
+    "mkl-packed": make_mkl_packed,
+    "tvm": make_tvm,
 }
 
 
@@ -375,7 +396,8 @@ def dispatch_costs(libs, native) -> dict:
             check = ctypes.c_float()
             ns = min(fn(so.encode(), b"add_one", 2_000_000, ctypes.byref(check)) for _ in range(5))
             out["C++ -> TVM ffi Function (Module::LoadFromFile, libtvm_ffi only)"] = (
-                round(ns, 2) if check.value == 2.0 else f"wrong result {check.value}")
+                round(ns, 2) if check.value == 2.0 else f"wrong result {check.value}"
+            )
         else:
             out["C++ -> TVM ffi"] = "skip: " + native.get("dispatch_tvm_ffi", "")
     return out

@@ -63,18 +63,20 @@ class DeviceRunner:
         env = self.exe.check_inputs(feeds)
         return {name: D.to_device(env[spec.node], self.device) for name, spec in self.exe.inputs.items()}
 
+    def run_step(self, step, args: list) -> list:
+        """One step on device tensors: a device kernel in place, a host kernel through copies."""
+        k = step.kernel
+        if is_device_kernel(k):
+            return k.run_device(args)
+        return [D.to_device(o, self.device) for o in k([D.to_host(a) for a in args])]
+
     def run_eager(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
         """Run every step on device tensors keyed by input name; outputs stay on the device."""
         env: dict[int, Any] = dict(self.consts)
         for name, spec in self.exe.inputs.items():
             env[spec.node] = feeds[name]
         for step, free in zip(self.exe.steps, self.exe.free_after):
-            k = step.kernel
-            args = [env[i] for i in step.inputs]
-            if is_device_kernel(k):
-                outs = k.run_device(args)
-            else:
-                outs = [D.to_device(o, self.device) for o in k([D.to_host(a) for a in args])]
+            outs = self.run_step(step, [env[i] for i in step.inputs])
             for nid, val in zip(step.outputs, outs):
                 env[nid] = val
             for nid in free:
