@@ -85,6 +85,8 @@ def settings_from_args(args):
     kw = {"target": args.target, "progress": not args.quiet, "rewrite": args.rewrite}
     if not getattr(args, "cuda_graph", True):
         kw["cuda_graph"] = False
+    if not getattr(args, "native", True):
+        kw["native"] = False
     if args.target == "cuda":
         from korch.kernels.device import interpret
 
@@ -181,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
             dest="cuda_graph",
             action="store_false",
             help="cuda target: always run the step loop, never a captured CUDA graph",
+        )
+        sp.add_argument(
+            "--no-native",
+            dest="native",
+            action="store_false",
+            help="cpu target: run every kernel from Python, no native segments (Settings native=False)",
         )
         sp.add_argument("--db", help="results database (default ~/.cache/korch/results.db or $KORCH_DB)")
         sp.add_argument("--threads", type=int, help="threads per kernel and for onnxruntime")

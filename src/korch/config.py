@@ -31,6 +31,10 @@ class Settings:
     # on the device and the replay is not slower than the step loop (Note [CUDA graph
     # choice] in korch.executable.device); False: always the step loop
     cuda_graph: bool = True
+    # cpu target: run consecutive generated and native linear kernels as one native
+    # segment each (Note [Native segment] in korch.kernels.native.segment); needs a C++
+    # compiler, and is skipped (recorded) without one
+    native: bool = True
     db_path: str = dataclasses.field(default_factory=_default_db)
     # rewrites (korch.rewrite, Note [Rewrite search]): on by default; the search's time
     # counts in every optimize, so its limit stays a few seconds per model

@@ -109,13 +109,31 @@ def step_partition(ctx: Context) -> None:
     ctx.n_states = sum(len(execution_states(ctx.graph, p)) for p in ctx.partitions)
 
 
-def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu") -> tuple[str, ...]:
+# Note [One thread pool]
+# ~~~~~~~~~~~~~~~~~~~~~~
+# With native segments (Settings.native), generated and native linear kernels share
+# one OpenMP pool. numpy's OpenBLAS and torch bring pools of their own, whose workers
+# spin after each call on the same two cores: an attention executable with four numpy
+# MatMuls between native segments took 36 ms instead of 0.8 ms. The native backend
+# runs the same OpenBLAS GEMM single-threaded inside the shared pool's tasks, so where
+# it takes a kernel, numpy and torch are not candidates. onnxruntime stays: its
+# sessions do not spin when they run beside other kernels (Note [No spinning thread
+# pools]), and its convolutions are often the fastest.
+POOLED_OUT = frozenset({"numpy", "torch"})
+
+
+def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: bool = False) -> tuple[str, ...]:
     from korch.kernels.registry import all_backends
 
     if kind is KernelKind.OPAQUE:
         return ("ort",)
     backends = [b for b in all_backends() if kind in b.kinds and target in getattr(b, "targets", ("cpu",))]
     names = [b.name for b in backends if b.supports(kgraph)]
+    if target == "cpu":
+        if not native:
+            names = [n for n in names if n != "native"]
+        elif "native" in names:  # Note [One thread pool]
+            names = [n for n in names if n not in POOLED_OUT]
     if target != "cpu":
         # device targets: kernels that keep tensors on the device win; host backends
         # (onnxruntime) only where no device backend takes the kernel
@@ -159,7 +177,7 @@ def step_identify(ctx: Context) -> None:
             k = make_kernel(g, users, k.nodes)
             kg = extract(g, k)
             kind = kernel_class(g, k)
-            backends = _backends_for(kind, kg, ctx.settings.target)
+            backends = _backends_for(kind, kg, ctx.settings.target, ctx.settings.native)
             if not backends:
                 continue
             ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends))
@@ -222,7 +240,8 @@ def _build(ctx: Context, chosen: list[Candidate]):
     from korch.executable.build import build_executable
 
     assert ctx.graph is not None
-    return build_executable(ctx.graph, chosen, ctx.settings.num_threads, ctx.settings.cuda_graph)
+    s = ctx.settings
+    return build_executable(ctx.graph, chosen, s.num_threads, s.cuda_graph, native=s.native and s.target == "cpu")
 
 
 def step_build(ctx: Context) -> None:
@@ -344,10 +363,11 @@ def generated_share(exe, runs: int = 5) -> float:
     from korch.kernels.registry import GENERATORS
     from korch.profile.e2e import random_feeds, time_steps
 
-    if not any(st.backend in GENERATORS for st in exe.steps):
+    ksteps = exe.kernel_steps()
+    if not any(st.backend in GENERATORS for st in ksteps):
         return 0.0
     info = time_steps(exe, random_feeds(exe.inputs), runs=runs, max_seconds=5.0)
-    gen = sum(us for st, us in zip(exe.steps, info["step_us"]) if st.backend in GENERATORS)
+    gen = sum(us for st, us in zip(ksteps, info["kernel_us"]) if st.backend in GENERATORS)
     return round(gen / max(info["end_to_end_us"], 1e-9), 3)
 
 
@@ -394,6 +414,9 @@ def run_pipeline(source: Any, settings: Settings, shapes=None, measure: bool = T
         "blp_seconds": round(ctx.blp_seconds, 3),
         "blp_max_seconds": round(ctx.blp_max_seconds, 3),
         "kernels_chosen": len(ctx.chosen),
+        "native_segments": sum(1 for st in ctx.executable.steps if st.backend == "native-segment")
+        if ctx.executable is not None
+        else 0,
         "kernels_by_backend": _count(c.backend for c in ctx.chosen),
         "region_candidates": sum(1 for c in ctx.candidates if c.kind is KernelKind.REGION),
         "region_kernels": sum(1 for c in ctx.chosen if c.kind is KernelKind.REGION),

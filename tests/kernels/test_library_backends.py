@@ -14,7 +14,7 @@ from korch.ir.subgraph import extract, kernel_class, make_kernel
 from korch.kernels.registry import all_backends, get_backend
 
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
-LINEAR_BACKENDS = ["ort", "numpy"] + (["torch"] if HAVE_TORCH else [])
+LINEAR_BACKENDS = ["ort", "numpy", "native"] + (["torch"] if HAVE_TORCH else [])
 
 rng = np.random.default_rng(0)
 
@@ -122,7 +122,7 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", ["ort"] + (["torch"] if HAVE_TORCH else []))
+@pytest.mark.parametrize("backend", ["ort", "native"] + (["torch"] if HAVE_TORCH else []))
 @pytest.mark.parametrize("case", CONV_CASES, ids=["3x3", "grouped_strided_asym", "depthwise_bias_relu", "1x1_bias"])
 def test_conv(backend, case, tmp_path):
     kg, consts = kernel_of(conv_graph(**case))

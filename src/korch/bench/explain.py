@@ -101,16 +101,18 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
     g = _load_graph(d, compiled.report)
     feeds = bench_feeds(exe.inputs)
     t = time_steps(exe, feeds, runs)
+    ksteps = exe.kernel_steps()  # a native segment's kernels one by one
     count: dict[int, int] = {}
-    for st in exe.steps:
+    for st in ksteps:
         for n in st.nodes:
             count[n] = count.get(n, 0) + 1
     kernels = []
-    for st, us in zip(exe.steps, t["step_us"]):
+    for st, us in zip(ksteps, t["kernel_us"]):
         kernels.append(
             {
                 "name": st.name,
                 "backend": st.backend,
+                "segment": st.meta.get("segment"),  # the native segment running it, or None
                 "class": _kernel_class(st.nodes, g),
                 "us": us,  # in place: a clock around the step in the executable
                 "alone_us": st.cost_us,  # measured alone when profiled (the BLP's cost), or None
@@ -130,8 +132,11 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         "outdir": str(d),
         "kernels": kernels,
         "groups": groups,
-        "dispatch_us": t["dispatch_us"],
-        "dispatch_us_per_kernel": t["dispatch_us"] / max(1, len(kernels)),
+        # everything outside a kernel's clock: the Python loop between steps, and inside
+        # a native segment the calls between its kernels and the one ctypes call
+        "dispatch_us": t["dispatch_us"] + t["segment_overhead_us"],
+        "dispatch_us_per_kernel": (t["dispatch_us"] + t["segment_overhead_us"]) / max(1, len(kernels)),
+        "segments": sum(1 for st in exe.steps if st.backend == "native-segment"),
         "end_to_end_us": t["end_to_end_us"],
         "plain_end_to_end_us": t["plain_end_to_end_us"],
         "runs": t["runs"],
@@ -144,7 +149,7 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         # the share of end-to-end time in kernels korch generated (TVM, Triton)
         "generated_share": sum(k["us"] for k in kernels if k["backend"] in GENERATORS) / max(t["end_to_end_us"], 1e-9),
         "graph": g,
-        "steps": exe.steps,
+        "steps": ksteps,
     }
 
 
@@ -159,7 +164,8 @@ def format_explain(info: dict[str, Any]) -> str:
     e2e = info["end_to_end_us"]
     pct = lambda us: f"{100 * us / e2e:5.1f}%" if e2e > 0 else "  -  "  # noqa: E731
     lines = [
-        f"{info['outdir']}: {len(info['kernels'])} kernels, end to end {e2e / 1e3:.3f} ms "
+        f"{info['outdir']}: {len(info['kernels'])} kernels ({info.get('segments', 0)} native segments), "
+        f"end to end {e2e / 1e3:.3f} ms "
         f"(uninstrumented {info['plain_end_to_end_us'] / 1e3:.3f} ms, {info['runs']} runs), "
         f"{info['redundant_primitives']} redundant primitive computations",
         _plan_line(info),

@@ -207,6 +207,30 @@ class Executable:
             self._local.views, self._local.buf = views, buf
         return views
 
+    def kernel_steps(self) -> list[Step]:
+        """Every kernel in run order, a native segment's kernels in its place (without
+        their compiled kernel: the segment runs them; Note [Native segment])."""
+        out: list[Step] = []
+        for st in self.steps:
+            members = getattr(st.kernel, "meta", {}).get("members") if st.backend == "native-segment" else None
+            if not members:
+                out.append(st)
+                continue
+            for m in members:
+                out.append(
+                    Step(
+                        m["name"],
+                        m["backend"],
+                        m["workload"],
+                        tuple(m["nodes"]),
+                        tuple(m["inputs"]),
+                        tuple(m["outputs"]),
+                        cost_us=m["cost_us"],
+                        meta={"segment": st.name},
+                    )
+                )
+        return out
+
     def set_threads(self, num_threads: int) -> None:
         """Note [Runtime threads]
         ~~~~~~~~~~~~~~~~~~~~~~~~~

@@ -17,10 +17,12 @@ from korch.orchestrate.plan import Candidate
 
 
 def build_executable(
-    graph: Graph, chosen: Sequence[Candidate], num_threads: int, cuda_graph: bool = False
+    graph: Graph, chosen: Sequence[Candidate], num_threads: int, cuda_graph: bool = False, native: bool = False
 ) -> Executable:
     """Build every chosen kernel (one ``build_many`` per backend) into an executable that
-    runs them in ``chosen``'s order. Raises RuntimeError naming the kernel whose build failed."""
+    runs them in ``chosen``'s order. Raises RuntimeError naming the kernel whose build failed.
+    ``native``: runs of generated and native linear kernels become native segments
+    (``korch.executable.native``)."""
     g = graph
     steps: list[Step] = []
     by_backend: dict[str, list[int]] = {}
@@ -43,6 +45,13 @@ def build_executable(
             steps[i].kernel = k
     inputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.inputs.items()}
     outputs = {name: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype) for name, nid in g.outputs.items()}
+    if native:
+        from korch.executable.native import fuse_native
+
+        def const_value(nid: int) -> np.ndarray | None:
+            return g.const_value(nid) if g.nodes[nid].op is Op.CONST else None
+
+        steps = fuse_native(steps, {s.node for s in outputs.values()}, const_value, num_threads)
     consts: dict[int, np.ndarray] = {}
     for st in steps:
         for src in st.inputs:

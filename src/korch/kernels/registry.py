@@ -18,6 +18,8 @@ from korch.kernels.base import _REGISTRY, Backend
 BACKEND_MODULES = (
     "korch.kernels.ort.backend",
     "korch.kernels.library.numpy_blas",
+    "korch.kernels.native.linear",  # needs a C++ compiler and scipy-openblas32 at build
+    "korch.kernels.native.segment",  # loads saved native segments (never a candidate)
     "korch.kernels.library.torch_cpu",  # only where torch is installed
     "korch.kernels.tvm.backend",
     "korch.kernels.library.torch_cuda",  # cuda target; only where torch is installed

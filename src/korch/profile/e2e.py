@@ -264,7 +264,11 @@ def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[st
     overheads: list[float] = []
     pc = time.perf_counter
     t_start = pc()
+    segments = [st.kernel for st in exe.steps if st.backend == "native-segment"]
     for r in range(runs + 2):
+        if r == 2:  # after the warm-up: per-kernel clocks inside native segments, from zero
+            for k in segments:
+                k.profile(True)
         ts = [0.0] * n
         t0 = pc()
         env = exe.check_inputs(feeds)
@@ -287,6 +291,18 @@ def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[st
             per[i].append(ts[i])
         if pc() - t_start > max_seconds and len(totals) >= 3:
             break
+    # per kernel: a native segment's kernels by its own clocks (means), others as steps
+    kernel_us: list[float] = []
+    segment_overhead_us = 0.0  # inside segments, outside their kernels' clocks (means)
+    for i, st in enumerate(exe.steps):
+        if st.backend == "native-segment":
+            ns = st.kernel.profile_ns()
+            st.kernel.profile(False)
+            members = [v / 1e3 / max(1, len(totals)) for v in ns]
+            kernel_us += members
+            segment_overhead_us += max(0.0, statistics.fmean(per[i]) * 1e6 - sum(members)) if per[i] else 0.0
+        else:
+            kernel_us.append(statistics.median(per[i]) * 1e6)
     plain = []
     for _ in range(max(3, min(runs, len(totals)))):
         a = pc()
@@ -298,6 +314,8 @@ def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[st
         "step_us": step_us,
         "dispatch_us": dispatch_us,
         "end_to_end_us": sum(step_us) + dispatch_us,
+        "kernel_us": kernel_us,  # one per exe.kernel_steps()
+        "segment_overhead_us": segment_overhead_us,
         "plain_end_to_end_us": statistics.median(plain) * 1e6,
         "instrumented_median_us": statistics.median(totals) * 1e6,
         "runs": len(totals),

@@ -177,6 +177,7 @@ class TvmKernel(CompiledKernel):
         self._out_layout = output_layout([(s.shape, s.dtype) for s in outputs])
         self.hidden = [_from_dlpack(h) for h in hidden]
         self._hidden_np = hidden
+        self.prim_func: Any = None  # the scheduled PrimFunc when built in this process
 
     def arg(self, i: int, x: np.ndarray) -> np.ndarray:
         """Input ``i`` as the generated code takes it: the array itself when it already
@@ -251,7 +252,7 @@ class TvmKernel(CompiledKernel):
 
 
 def _kernel(lib, symbol: str, prep: Prepared, build_s: float) -> TvmKernel:
-    return TvmKernel(
+    k = TvmKernel(
         lib,
         symbol,
         prep.inputs,
@@ -259,6 +260,8 @@ def _kernel(lib, symbol: str, prep: Prepared, build_s: float) -> TvmKernel:
         prep.hidden,
         {"config": prep.config, "report": prep.report, "build_s": build_s},
     )
+    k.prim_func = prep.func  # for a native segment (Note [Native segment]); not saved
+    return k
 
 
 class TvmBackend(Backend):

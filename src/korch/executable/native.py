@@ -1,0 +1,184 @@
+"""Fusing an executable's steps into native segments (Note [Native segment] in
+``korch/kernels/native/segment.py``).
+
+``fuse_native`` replaces every maximal run of consecutive steps that korch compiles
+itself (TVM kernels built in this process, native linear kernels) with one step whose
+kernel is a ``NativeSegment``. A run that fails to compile or link stays as it was,
+recorded as skipped (Note [Skipped optimizations]): native code is an optimization.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import types
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from korch.diagnostics import guarded
+from korch.executable import Step, plan_arena
+
+_INTO = types.SimpleNamespace(run_into=True)  # plan_arena: a step writing given memory
+
+
+def native_kind(step: Step) -> str | None:
+    """ "tvm" or "linear" when the step can join a segment, else None."""
+    from korch.kernels.native.linear import NativeLinearKernel
+    from korch.kernels.tvm.backend import TvmKernel
+
+    k = step.kernel
+    if isinstance(k, TvmKernel) and k.prim_func is not None:
+        return "tvm"
+    if isinstance(k, NativeLinearKernel):
+        return "linear"
+    return None
+
+
+def _runs(steps: Sequence[Step]) -> list[tuple[int, int]]:
+    runs, start = [], None
+    for i, st in enumerate(steps):
+        if native_kind(st) is not None:
+            start = i if start is None else start
+        elif start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, len(steps)))
+    return runs
+
+
+def fuse_native(
+    steps: list[Step], keep: set[int], const_value: Callable[[int], np.ndarray | None], num_threads: int
+) -> list[Step]:
+    """``steps`` with each run of native-capable steps replaced by one segment step.
+    ``keep``: nodes read after the last step (the model's outputs); ``const_value(node)``:
+    a constant's value, or None for a tensor computed at run time."""
+    out: list[Step] = []
+    prev = 0
+    for n, (a, b) in enumerate(_runs(steps)):
+        out.extend(steps[prev:a])
+        later = set(keep)
+        for st in steps[b:]:
+            later.update(st.inputs)
+        seg = guarded(
+            "native", f"segment {n} ({b - a} kernels)", build_segment, steps[a:b], later, const_value, num_threads, n
+        )
+        out.extend([seg] if seg is not None else steps[a:b])
+        prev = b
+    out.extend(steps[prev:])
+    return out
+
+
+def build_segment(
+    members: Sequence[Step], later: set[int], const_value: Callable[[int], np.ndarray | None], num_threads: int, n: int
+) -> Step:
+    from korch.kernels.native.segment import NativeSegment, driver_source, new_build_dir, tvm_object
+    from korch.kernels.native.toolchain import link_shared
+
+    slots: list[tuple[str, int]] = []
+    slot_of: dict[int, int] = {}  # node -> slot
+    consts: list[np.ndarray] = []
+    in_nodes: list[int] = []
+    in_specs: list[tuple[tuple[int, ...], str]] = []
+    produced: dict[int, tuple[tuple[int, ...], str]] = {}  # node -> (shape, dtype) of its producer
+    out_nodes: list[int] = []
+
+    def const_slot(value: np.ndarray) -> int:
+        consts.append(value)
+        slots.append(("const", len(consts) - 1))
+        return len(slots) - 1
+
+    def read(node: int, spec: tuple[tuple[int, ...], str]) -> int:
+        if node in slot_of:
+            return slot_of[node]
+        value = const_value(node)
+        if value is not None:
+            slot_of[node] = const_slot(np.ascontiguousarray(value, dtype=spec[1]).reshape(spec[0]))
+        else:
+            in_nodes.append(node)
+            in_specs.append(spec)
+            slots.append(("io-in", len(in_nodes) - 1))
+            slot_of[node] = len(slots) - 1
+        return slot_of[node]
+
+    def write(node: int, spec: tuple[tuple[int, ...], str]) -> int:
+        if node not in slot_of:
+            produced[node] = spec
+            slots.append(("node", node))
+            slot_of[node] = len(slots) - 1
+        return slot_of[node]
+
+    drv_steps: list[tuple] = []
+    funcs = {}
+    for j, st in enumerate(members):
+        k = st.kernel
+        if native_kind(st) == "tvm":
+            sym = f"korch_seg{n}_k{j}"
+            funcs[sym] = k.prim_func
+            specs = [(tuple(s.shape), str(s.dtype)) for s in k.inputs]
+            arg = [read(node, sp) for node, sp in zip(st.inputs, specs)]
+            ospecs = [(tuple(s.shape), str(s.dtype)) for s in k.outputs]
+            arg += [write(node, sp) for node, sp in zip(st.outputs, ospecs)]
+            hid = [np.ascontiguousarray(h) for h in k._hidden_np]
+            arg += [const_slot(h) for h in hid]
+            drv_steps.append(("tvm", sym, arg, specs + ospecs + [(h.shape, str(h.dtype)) for h in hid]))
+        else:
+            arg = [read(node, (s, "float32")) for node, s in zip(st.inputs, k.input_shapes)]
+            arg.append(write(st.outputs[0], (tuple(k.plan.shape), "float32")))
+            drv_steps.append(("linear", k.code.tolist(), arg))
+    for node in produced:
+        if node in later:
+            out_nodes.append(node)
+    # the intermediates: an arena, first fit over their lifetimes inside the segment
+    inner = {nd: math.prod(sp[0]) * np.dtype(sp[1]).itemsize for nd, sp in produced.items() if nd not in later}
+    fake = [types.SimpleNamespace(inputs=st.inputs, outputs=st.outputs, kernel=_INTO) for st in members]
+    offsets, arena_bytes = plan_arena(fake, inner, set())
+    out_index = {nd: i for i, nd in enumerate(out_nodes)}
+    final: list[tuple[str, int]] = []
+    for kind, idx in slots:
+        if kind == "io-in":
+            final.append(("io", idx))
+        elif kind == "node":
+            final.append(("io", len(in_nodes) + out_index[idx]) if idx in out_index else ("arena", offsets[idx]))
+        else:
+            final.append((kind, idx))
+    source = driver_source(drv_steps, len(in_nodes) + len(out_nodes), len(consts), final, arena_bytes)
+    build = new_build_dir()
+    objects = tvm_object(funcs, num_threads, build) if funcs else []
+    lib = link_shared(source, objects, build / f"seg{n}.so")
+    meta = {
+        "inputs": [[list(s), d] for s, d in in_specs],
+        "outputs": [[list(produced[nd][0]), produced[nd][1]] for nd in out_nodes],
+        "step_names": [st.name for st in members],
+        "members": [
+            {
+                "name": st.name,
+                "backend": st.backend,
+                "workload": st.workload,
+                "nodes": list(st.nodes),
+                "inputs": list(st.inputs),
+                "outputs": list(st.outputs),
+                "cost_us": st.cost_us,
+            }
+            for st in members
+        ],
+        "arena_bytes": int(arena_bytes),
+    }
+    kernel = NativeSegment(lib, meta, consts)
+    kernel.set_threads(num_threads)
+    costs = [st.cost_us for st in members]
+    workload = hashlib.sha256("|".join(st.workload for st in members).encode()).hexdigest()[:16]
+    return dataclasses.replace(
+        members[0],
+        name=f"seg{n}_{workload[:8]}",
+        backend="native-segment",
+        workload=workload,
+        nodes=tuple(nd for st in members for nd in st.nodes),
+        inputs=tuple(in_nodes),
+        outputs=tuple(out_nodes),
+        kernel=kernel,
+        meta={},
+        cost_us=sum(costs) if all(c is not None for c in costs) else None,  # type: ignore[misc]
+    )

@@ -1,0 +1,1 @@
+"""korch's native code: the C++ runtime, native linear kernels, native segments."""

@@ -1,0 +1,430 @@
+// korch's native runtime (see korch_rt.h). Built once per machine by
+// korch/kernels/native/toolchain.py with the system C++ compiler, -fopenmp, against
+// the scipy-openblas32 wheel's OpenBLAS.
+#include "korch_rt.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cblas.h"
+
+namespace {
+
+int g_threads = 0;  // 0: omp_get_max_threads()
+std::mutex g_err_mu;
+std::string g_err;
+
+int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+// --- epilogue --------------------------------------------------------------------------
+// op codes shared with linear.py
+enum Code : int64_t {
+  ADD = 1, SUB = 2, MUL = 3, DIV = 4, MAX = 5, MIN = 6,
+  NEG = 11, EXP = 12, TANH = 13, SIGMOID = 14, ABS = 15,
+};
+
+struct Step {
+  int64_t op, kind, left, pos;  // kind 0 unary, 1 scalar, 2 tensor operand (input pos)
+  float scalar;
+  std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
+};
+
+inline float bin(int64_t op, float v, float o, bool left) {
+  float x = left ? v : o, y = left ? o : v;
+  switch (op) {
+    case ADD: return x + y;
+    case SUB: return x - y;
+    case MUL: return x * y;
+    case DIV: return x / y;
+    case MAX: return x > y ? x : y;
+    default: return x < y ? x : y;  // MIN
+  }
+}
+
+template <int64_t OP>
+inline void bin_loop(float* __restrict v, int64_t n, const float* __restrict o, int64_t s, bool left) {
+  if (s == 1) {
+    if (left) for (int64_t j = 0; j < n; ++j) v[j] = bin(OP, v[j], o[j], true);
+    else for (int64_t j = 0; j < n; ++j) v[j] = bin(OP, v[j], o[j], false);
+  } else if (s == 0) {
+    const float c = o[0];
+    if (left) for (int64_t j = 0; j < n; ++j) v[j] = bin(OP, v[j], c, true);
+    else for (int64_t j = 0; j < n; ++j) v[j] = bin(OP, v[j], c, false);
+  } else {
+    for (int64_t j = 0; j < n; ++j) v[j] = bin(OP, v[j], o[j * s], left);
+  }
+}
+
+void binary(int64_t op, float* v, int64_t n, const float* o, int64_t s, bool left) {
+  switch (op) {
+    case ADD: bin_loop<ADD>(v, n, o, s, left); break;
+    case SUB: bin_loop<SUB>(v, n, o, s, left); break;
+    case MUL: bin_loop<MUL>(v, n, o, s, left); break;
+    case DIV: bin_loop<DIV>(v, n, o, s, left); break;
+    case MAX: bin_loop<MAX>(v, n, o, s, left); break;
+    default: bin_loop<MIN>(v, n, o, s, left); break;
+  }
+}
+
+void unary(int64_t op, float* __restrict v, int64_t n) {
+  switch (op) {
+    case NEG: for (int64_t j = 0; j < n; ++j) v[j] = -v[j]; break;
+    case EXP: for (int64_t j = 0; j < n; ++j) v[j] = std::exp(v[j]); break;
+    case TANH: for (int64_t j = 0; j < n; ++j) v[j] = std::tanh(v[j]); break;
+    case SIGMOID: for (int64_t j = 0; j < n; ++j) v[j] = 1.0f / (1.0f + std::exp(-v[j])); break;
+    default: for (int64_t j = 0; j < n; ++j) v[j] = std::fabs(v[j]); break;  // ABS
+  }
+}
+
+// --- the kernel ------------------------------------------------------------------------
+struct Linear {
+  int64_t op = 0, nin = 0, a = 0, b = 0;
+  std::vector<int64_t> oshape;
+  // matmul: out[batch, M, N] = A[aoff + (M, K)] @ B[boff + (K, N)]
+  int64_t batch = 0, M = 0, K = 0, N = 0;
+  std::vector<int64_t> aoff, boff;
+  // conv (2-D, NCHW, weights [Co, C/group, kh, kw])
+  int64_t n = 0, c = 0, h = 0, w = 0, co = 0, kh = 0, kw = 0, sh = 0, sw = 0, dh = 0, dw = 0, pt = 0, pl = 0,
+          group = 0, ho = 0, wo = 0;
+  std::vector<Step> epi;
+
+  // the epilogue on output elements [begin, end)
+  void epilogue(float* out, void* const* ptrs, int64_t begin, int64_t end) const {
+    if (epi.empty()) return;
+    const int64_t D = (int64_t)oshape.size(), L = oshape[D - 1];
+    for (int64_t f = begin; f < end;) {
+      const int64_t r = f / L, c0 = f % L, len = std::min(L - c0, end - f);
+      float* v = out + f;
+      for (const Step& s : epi) {
+        if (s.kind == 0) {
+          unary(s.op, v, len);
+        } else if (s.kind == 1) {
+          binary(s.op, v, len, &s.scalar, 0, s.left != 0);
+        } else {
+          int64_t off = c0 * s.strides[D - 1], rr = r;
+          for (int64_t d = D - 2; d >= 0; --d) {
+            off += (rr % oshape[d]) * s.strides[d];
+            rr /= oshape[d];
+          }
+          binary(s.op, v, len, static_cast<const float*>(ptrs[s.pos]) + off, s.strides[D - 1], s.left != 0);
+        }
+      }
+      f += len;
+    }
+  }
+
+  int run(void* const* ptrs) const { return op == 0 ? matmul(ptrs) : conv(ptrs); }
+
+  int matmul(void* const* ptrs) const {
+    const float* A = static_cast<const float*>(ptrs[a]);
+    const float* B = static_cast<const float*>(ptrs[b]);
+    float* C = static_cast<float*>(ptrs[nin]);
+    const double flops = 2.0 * batch * M * N * K;
+    const int T = flops < 2e5 ? 1 : threads();
+    // tasks: (batch, part); a part is a block of rows, or of columns when M is small
+    const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
+    const bool rows = M >= 4 * parts || N < 16 * parts;
+    const int64_t tasks = batch * parts;
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t bi = t / parts, p = t % parts;
+      const float* Ab = A + aoff[bi];
+      const float* Bb = B + boff[bi];
+      float* Cb = C + bi * M * N;
+      if (rows) {
+        const int64_t m0 = M * p / parts, m1 = M * (p + 1) / parts;
+        if (m1 > m0 && M == 1) {
+          scipy_cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)N, 1.0f, Bb, (int)N, Ab, 1, 0.0f, Cb, 1);
+          epilogue(C, ptrs, bi * N, bi * N + N);
+        } else if (m1 > m0) {
+          scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(m1 - m0), (int)N, (int)K, 1.0f,
+                            Ab + m0 * K, (int)K, Bb, (int)N, 0.0f, Cb + m0 * N, (int)N);
+          epilogue(C, ptrs, bi * M * N + m0 * N, bi * M * N + m1 * N);
+        }
+      } else {
+        const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
+        if (n1 > n0 && M == 1) {  // a row vector times B: GEMV (OpenBLAS's GEMM is slow at M = 1)
+          scipy_cblas_sgemv(CblasRowMajor, CblasTrans, (int)K, (int)(n1 - n0), 1.0f, Bb + n0, (int)N, Ab, 1, 0.0f,
+                            Cb + n0, 1);
+          epilogue(C, ptrs, bi * N + n0, bi * N + n1);
+        } else if (n1 > n0) {
+          scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, Ab,
+                            (int)K, Bb + n0, (int)N, 0.0f, Cb + n0, (int)N);
+          for (int64_t r = 0; r < M; ++r) epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1);
+        }
+      }
+    }
+    return 0;
+  }
+
+  // depthwise: one output channel per input channel; the valid output columns of each
+  // tap are computed once, the rows accumulate in L1
+  void depthwise_channel(const float* X, const float* W, float* Y, int64_t ni, int64_t ch) const {
+    const float* x = X + (ni * c + ch) * h * w;
+    const float* k = W + ch * kh * kw;
+    float* y = Y + (ni * co + ch) * ho * wo;
+    int64_t lo[16], hi[16], shift[16];
+    const bool small = kw <= 16;
+    for (int64_t kx = 0; kx < kw && small; ++kx) {
+      shift[kx] = kx * dw - pl;  // ix = ox * sw + shift
+      lo[kx] = std::min(wo, shift[kx] >= 0 ? 0 : (-shift[kx] + sw - 1) / sw);
+      hi[kx] = std::max(lo[kx], std::min(wo, (w - 1 - shift[kx]) >= 0 ? (w - 1 - shift[kx]) / sw + 1 : 0));
+    }
+    for (int64_t oy = 0; oy < ho; ++oy) {
+      float* __restrict yr = y + oy * wo;
+      for (int64_t ox = 0; ox < wo; ++ox) yr[ox] = 0.0f;
+      for (int64_t ky = 0; ky < kh; ++ky) {
+        const int64_t iy = oy * sh - pt + ky * dh;
+        if (iy < 0 || iy >= h) continue;
+        const float* xr = x + iy * w;
+        for (int64_t kx = 0; kx < kw; ++kx) {
+          const float wk = k[ky * kw + kx];
+          int64_t s0, l0, h0;
+          if (small) {
+            s0 = shift[kx], l0 = lo[kx], h0 = hi[kx];
+          } else {
+            s0 = kx * dw - pl;
+            l0 = std::min(wo, s0 >= 0 ? 0 : (-s0 + sw - 1) / sw);
+            h0 = std::max(l0, std::min(wo, (w - 1 - s0) >= 0 ? (w - 1 - s0) / sw + 1 : 0));
+          }
+          if (sw == 1) {
+            const float* __restrict xs = xr + s0;
+            for (int64_t ox = l0; ox < h0; ++ox) yr[ox] += wk * xs[ox];
+          } else {
+            const float* __restrict xs = xr + s0;
+            for (int64_t ox = l0; ox < h0; ++ox) yr[ox] += wk * xs[ox * sw];
+          }
+        }
+      }
+    }
+  }
+
+  int conv(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    const float* W = static_cast<const float*>(ptrs[b]);
+    float* Y = static_cast<float*>(ptrs[nin]);
+    const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
+    const double flops = 2.0 * n * co * HW * KK;
+    const int T = flops < 2e5 ? 1 : threads();
+    if (cig == 1 && cog == 1) {
+      const int64_t tasks = n * co;
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+      for (int64_t t = 0; t < tasks; ++t) {
+        depthwise_channel(X, W, Y, t / co, t % co);
+        epilogue(Y, ptrs, t * HW, (t + 1) * HW);
+      }
+      return 0;
+    }
+    const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
+    // blocks of whole output rows (columns of the GEMM); an im2col block stays within
+    // ~512 KB; at least one block per thread
+    int64_t rows_per = direct ? ho : std::max<int64_t>(1, (131072 / std::max<int64_t>(1, KK)) / wo);
+    rows_per = std::min(rows_per, ho);
+    int64_t blocks = (ho + rows_per - 1) / rows_per;
+    if (n * group * blocks < T) blocks = std::min<int64_t>(ho, (T + n * group - 1) / (n * group));
+    rows_per = (ho + blocks - 1) / blocks;
+    blocks = (ho + rows_per - 1) / rows_per;
+    const int64_t chunk = rows_per * wo;
+    const int64_t tasks = n * group * blocks;
+    int err = 0;
+#pragma omp parallel num_threads(T) if (T > 1)
+    {
+      std::vector<float> col;
+      if (!direct) col.resize((size_t)(KK * chunk));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < tasks; ++t) {
+        const int64_t ni = t / (group * blocks), g = (t / blocks) % group, blk = t % blocks;
+        const int64_t oy0 = blk * rows_per, oy1 = std::min(ho, oy0 + rows_per);
+        const int64_t p0 = oy0 * wo, p1 = oy1 * wo, np = p1 - p0;
+        const float* xg = X + (ni * c + g * cig) * h * w;
+        const float* wg = W + g * cog * KK;
+        float* yg = Y + (ni * co + g * cog) * HW;
+        const float* Bm;
+        int64_t ldb;
+        if (direct) {
+          Bm = xg + p0;
+          ldb = HW;
+        } else {
+          for (int64_t ci = 0; ci < cig; ++ci)
+            for (int64_t ky = 0; ky < kh; ++ky)
+              for (int64_t kx = 0; kx < kw; ++kx) {
+                float* dst = col.data() + ((ci * kh + ky) * kw + kx) * np;
+                const float* src = xg + ci * h * w;
+                const int64_t shift = kx * dw - pl;  // ix = ox * sw + shift
+                const int64_t lo = std::min(wo, shift >= 0 ? 0 : (-shift + sw - 1) / sw);
+                const int64_t hi = std::max(lo, std::min(wo, (w - 1 - shift) >= 0 ? (w - 1 - shift) / sw + 1 : 0));
+                for (int64_t oy = oy0; oy < oy1; ++oy, dst += wo) {
+                  const int64_t iy = oy * sh - pt + ky * dh;
+                  if (iy < 0 || iy >= h) {
+                    std::memset(dst, 0, sizeof(float) * wo);
+                    continue;
+                  }
+                  const float* xr = src + iy * w + shift;
+                  for (int64_t ox = 0; ox < lo; ++ox) dst[ox] = 0.0f;
+                  if (sw == 1) {
+                    std::memcpy(dst + lo, xr + lo, sizeof(float) * (hi - lo));
+                  } else {
+                    for (int64_t ox = lo; ox < hi; ++ox) dst[ox] = xr[ox * sw];
+                  }
+                  for (int64_t ox = hi; ox < wo; ++ox) dst[ox] = 0.0f;
+                }
+              }
+          Bm = col.data();
+          ldb = np;
+        }
+        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cog, (int)np, (int)KK, 1.0f, wg, (int)KK,
+                          Bm, (int)ldb, 0.0f, yg + p0, (int)HW);
+        for (int64_t o = 0; o < cog; ++o) {
+          const int64_t base = (ni * co + g * cog + o) * HW;
+          epilogue(Y, ptrs, base + p0, base + p1);
+        }
+      }
+    }
+    return err;
+  }
+};
+
+struct Reader {
+  const int64_t* p;
+  int64_t n, i = 0;
+  bool ok = true;
+  int64_t next() {
+    if (i >= n) {
+      ok = false;
+      return 0;
+    }
+    return p[i++];
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+void korch_set_error(const char* msg) {
+  std::lock_guard<std::mutex> lock(g_err_mu);
+  g_err = msg ? msg : "";
+}
+
+const char* korch_last_error() { return g_err.c_str(); }
+
+void korch_set_threads(int n) {
+  g_threads = n > 0 ? n : 0;
+  scipy_openblas_set_num_threads(1);  // the pool is ours: BLAS runs inside its tasks
+}
+
+int korch_get_threads() { return threads(); }
+
+void* korch_aligned_alloc(int64_t nbytes) {
+  const int64_t size = (std::max<int64_t>(nbytes, 1) + 63) / 64 * 64;
+  return std::aligned_alloc(64, (size_t)size);
+}
+
+void korch_aligned_free(void* p) { std::free(p); }
+
+void* korch_linear_create(const int64_t* code, int64_t n) {
+  Reader r{code, n};
+  auto* k = new Linear();
+  const int64_t version = r.next();
+  k->op = r.next();
+  k->nin = r.next();
+  k->a = r.next();
+  k->b = r.next();
+  const int64_t D = r.next();
+  for (int64_t d = 0; d < D && r.ok; ++d) k->oshape.push_back(r.next());
+  if (k->op == 0) {
+    k->batch = r.next();
+    k->M = r.next();
+    k->K = r.next();
+    k->N = r.next();
+    for (int64_t i = 0; i < k->batch && r.ok; ++i) k->aoff.push_back(r.next());
+    for (int64_t i = 0; i < k->batch && r.ok; ++i) k->boff.push_back(r.next());
+  } else {
+    int64_t* f[] = {&k->n, &k->c, &k->h, &k->w, &k->co, &k->kh, &k->kw, &k->sh,
+                    &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->group, &k->ho, &k->wo};
+    for (int64_t* x : f) *x = r.next();
+  }
+  const int64_t steps = r.next();
+  for (int64_t s = 0; s < steps && r.ok; ++s) {
+    Step st;
+    st.op = r.next();
+    st.kind = r.next();
+    st.left = r.next();
+    st.pos = r.next();
+    const int64_t bits = r.next();
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
+    st.scalar = (float)v;
+    for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
+    k->epi.push_back(st);
+  }
+  if (!r.ok || version != 1 || r.i != n || D < 1 || (k->op != 0 && k->op != 1) ||
+      (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
+    korch_set_error("korch_linear_create: malformed kernel code");
+    delete k;
+    return nullptr;
+  }
+  if (g_threads == 0) scipy_openblas_set_num_threads(1);
+  return k;
+}
+
+int korch_linear_run(void* handle, void* const* ptrs) { return static_cast<Linear*>(handle)->run(ptrs); }
+
+void korch_linear_free(void* handle) { delete static_cast<Linear*>(handle); }
+
+// TVM's parallel ABI: f(task_id, TVMParallelGroupEnv*, cdata); env = {sync_handle, num_task}
+struct GroupEnv {
+  void* sync_handle;
+  int32_t num_task;
+};
+
+int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task) {
+  const int T = num_task > 0 ? num_task : threads();
+  if (T == 1) {
+    GroupEnv env{nullptr, 1};
+    return f(0, &env, cdata);
+  }
+  int rc = 0;
+#pragma omp parallel num_threads(T)
+  {
+    GroupEnv env{nullptr, (int32_t)omp_get_num_threads()};
+    const int r = f(omp_get_thread_num(), &env, cdata);
+    if (r != 0) {
+#pragma omp atomic write
+      rc = r;
+    }
+  }
+  return rc;
+}
+
+void* korch_workspace_alloc(int, int, uint64_t nbytes, int, int) { return korch_aligned_alloc((int64_t)nbytes); }
+
+int korch_workspace_free(int, int, void* ptr) {
+  korch_aligned_free(ptr);
+  return 0;
+}
+
+int korch_parallel_barrier(int, void*) {
+#pragma omp barrier
+  return 0;
+}
+
+}  // extern "C"
+
+// TVM-generated kernels report a failed argument check through this tvm-ffi call; in a
+// native segment it lands here (the segment links with -Bsymbolic, so tvm-ffi's own,
+// when the process has it, is not the one bound).
+extern "C" void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
+  std::string msg = kind ? kind : "Error";
+  msg += ": ";
+  for (int32_t i = 0; i < num_parts; ++i)
+    if (parts[i]) msg += parts[i];
+  korch_set_error(msg.c_str());
+}

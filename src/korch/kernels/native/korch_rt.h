@@ -1,0 +1,31 @@
+// korch's native runtime: what a native segment (korch/kernels/native/segment.py) links
+// beside its TVM kernels, and what the native linear backend calls through ctypes.
+//
+// One thread pool: OpenMP (the compiler's libgomp). TVM's generated kernels reach it
+// through the __TVMBackendParallelLaunch pointer that korch_bind_tvm sets; the linear
+// kernels split their work over the same threads and call OpenBLAS single-threaded.
+#pragma once
+#include <cstdint>
+
+extern "C" {
+// A linear kernel (MatMul or Conv with an elementwise epilogue) from its int64 code
+// (korch/kernels/native/linear.py: encode). Returns nullptr and sets the error when the
+// code is not understood.
+void* korch_linear_create(const int64_t* code, int64_t n);
+// ptrs: the kernel's inputs in order, then its output. 0 on success.
+int korch_linear_run(void* handle, void* const* ptrs);
+void korch_linear_free(void* handle);
+
+void korch_set_threads(int n);
+int korch_get_threads();
+const char* korch_last_error();
+void korch_set_error(const char* msg);
+void* korch_aligned_alloc(int64_t nbytes);
+void korch_aligned_free(void* p);
+// runs f(task, env, cdata) on num_task (0: all) pool threads; TVM's parallel-launch ABI
+int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task);
+int korch_parallel_barrier(int task, void* env);
+// TVM's workspace ABI (a kernel's scratch buffers)
+void* korch_workspace_alloc(int device_type, int device_id, uint64_t nbytes, int code_hint, int bits_hint);
+int korch_workspace_free(int device_type, int device_id, void* ptr);
+}

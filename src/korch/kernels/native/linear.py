@@ -1,0 +1,230 @@
+"""The native linear backend: a MATMUL or 2-D CONV with an elementwise epilogue
+(``korch.kernels.epilogue.match_linear``), run by korch's C++ runtime (``korch_rt.cc``).
+
+MatMul is OpenBLAS's ``sgemm`` on blocks of rows (or columns, when M is small) that the
+runtime's OpenMP threads share; Conv is direct for depthwise, one GEMM for 1x1, else
+im2col in column blocks of ~512 KB and a GEMM per block. The epilogue runs on each block
+right after its GEMM, while the block is in cache. Within a native segment
+(``segment.py``) the same kernel is called from C++ with no Python in between; measured
+alone (profiling) it is called through ctypes, which costs about a microsecond.
+
+A kernel is described to C++ by an int64 code (``encode``), read by
+``korch_linear_create``::
+
+    1, op (0 matmul, 1 conv), n inputs, a pos, b pos, D, out shape[D],
+    matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
+    conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
+    n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor), value left, input pos,
+            the scalar as float64 bits, element strides of the operand over the out dims[D]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from korch.ir.graph import Graph
+from korch.ir.ops import Op
+from korch.kernels.base import Backend, CompiledKernel, register
+from korch.kernels.epilogue import LinearPlan, load_consts, match_linear, save_consts
+
+CODE_VERSION = 1
+OP_CODES = {
+    Op.ADD: 1,
+    Op.SUB: 2,
+    Op.MUL: 3,
+    Op.DIV: 4,
+    Op.MAX: 5,
+    Op.MIN: 6,
+    Op.NEG: 11,
+    Op.EXP: 12,
+    Op.TANH: 13,
+    Op.SIGMOID: 14,
+    Op.ABS: 15,
+}
+
+
+class Unsupported(ValueError):
+    """The plan is valid but the native runtime does not implement it."""
+
+
+def _operand_strides(plan: LinearPlan, opd, input_shape: tuple[int, ...]) -> list[int]:
+    """Element strides of ``opd`` (input ``pos`` seen through its reshapes/broadcasts),
+    broadcast to the output's shape; raises Unsupported when a reshape would copy."""
+    x = np.empty(input_shape, dtype=np.float32)
+    v = np.broadcast_to(opd.view(x), plan.shape)
+    if not np.shares_memory(v, x) and x.size > 0:
+        raise Unsupported("epilogue operand reshape is not a view")
+    if v.__array_interface__["data"][0] != x.__array_interface__["data"][0]:
+        raise Unsupported("epilogue operand starts inside its input")
+    return [s // 4 for s in v.strides]
+
+
+def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """The int64 code of ``plan`` (module docstring), or Unsupported."""
+    if plan.dtype != "float32" or len(plan.shape) < 1:
+        raise Unsupported(f"native linear kernels are float32 (got {plan.dtype})")
+    shape = tuple(int(s) for s in plan.shape)
+    code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), plan.a, plan.b, len(shape)]
+    code += shape
+    if plan.op is Op.MATMUL:
+        a, b = plan.a_shape, plan.b_shape
+        if len(a) < 2 or len(b) < 2 or len(shape) < 2:
+            raise Unsupported("matmul with a 1-D operand")
+        m, k = a[-2:]
+        n = b[-1]
+        batch_shape = shape[:-2]
+        batch = math.prod(batch_shape)
+
+        def offsets(op_shape: tuple[int, ...]) -> list[int]:
+            bs = op_shape[:-2]
+            idx = np.arange(math.prod(bs), dtype=np.int64).reshape(bs) * (op_shape[-2] * op_shape[-1])
+            idx = idx.reshape((1,) * (len(batch_shape) - len(bs)) + tuple(bs))
+            return np.broadcast_to(idx, batch_shape).ravel().tolist()
+
+        code += [batch, m, k, n, *offsets(tuple(a)), *offsets(tuple(b))]
+    elif plan.op is Op.CONV:
+        a, w = plan.a_shape, plan.b_shape
+        attrs = plan.attrs
+        if len(a) == 3:  # 1-D: H = 1
+            a, w, out = (a[0], a[1], 1, a[2]), (w[0], w[1], 1, w[2]), (shape[0], shape[1], 1, shape[2])
+            strides, dil = (1, *attrs["strides"]), (1, *attrs["dilations"])
+            pads = (0, attrs["pads"][0])
+        elif len(a) == 4:
+            out = shape
+            strides, dil, pads = tuple(attrs["strides"]), tuple(attrs["dilations"]), tuple(attrs["pads"])[:2]
+        else:
+            raise Unsupported(f"{len(a) - 2}-D convolution")
+        group = int(attrs.get("group", 1))
+        code += [a[0], a[1], a[2], a[3], w[0], w[2], w[3], *strides, *dil, *pads, group, out[2], out[3]]
+        if w[1] * group != a[1]:
+            raise Unsupported("conv weights do not match the channels")
+    else:
+        raise Unsupported(str(plan.op))
+    code.append(len(plan.epilogue))
+    for st in plan.epilogue:
+        if st.op not in OP_CODES:
+            raise Unsupported(f"epilogue {st.op}")
+        opd = st.operand
+        if opd is None:
+            code += [OP_CODES[st.op], 0, 1, -1, 0, *([0] * len(shape))]
+        elif opd.scalar is not None:
+            bits = int(np.array(opd.scalar, dtype=np.float64).view(np.int64))
+            code += [OP_CODES[st.op], 1, int(st.value_left), -1, bits, *([0] * len(shape))]
+        else:
+            strides = _operand_strides(plan, opd, tuple(input_shapes[opd.pos]))
+            code += [OP_CODES[st.op], 2, int(st.value_left), opd.pos, 0, *strides]
+    return np.asarray(code, dtype=np.int64)
+
+
+@functools.cache
+def runtime() -> ctypes.CDLL:
+    from korch.kernels.native.toolchain import runtime_library
+
+    lib = ctypes.CDLL(str(runtime_library()))
+    lib.korch_linear_create.restype = ctypes.c_void_p
+    lib.korch_linear_create.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.korch_linear_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.korch_linear_free.argtypes = [ctypes.c_void_p]
+    lib.korch_last_error.restype = ctypes.c_char_p
+    lib.korch_set_threads.argtypes = [ctypes.c_int]
+    return lib
+
+
+def plan_of(kgraph: Graph) -> LinearPlan | None:
+    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}))
+
+
+class NativeLinearKernel(CompiledKernel):
+    backend = "native"
+
+    def __init__(self, plan: LinearPlan, consts: dict[str, np.ndarray], input_shapes: Sequence[tuple[int, ...]]):
+        self.plan = plan
+        self.input_shapes = [tuple(s) for s in input_shapes]
+        self.code = encode(plan, self.input_shapes)
+        self.consts = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in consts.items()}
+        self._const_at = {plan.input_names.index(k): v for k, v in self.consts.items() if k in plan.input_names}
+        self._lib = runtime()
+        handle = self._lib.korch_linear_create(self.code.ctypes.data, len(self.code))
+        if not handle:
+            raise RuntimeError(self._lib.korch_last_error().decode())
+        self._handle = ctypes.c_void_p(handle)
+        self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + 1))()
+
+    def __del__(self):
+        h = getattr(self, "_handle", None)
+        if h is not None and h.value:
+            self._lib.korch_linear_free(h)
+
+    def set_threads(self, num_threads: int) -> None:
+        self._lib.korch_set_threads(int(num_threads))
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        keep = []
+        for i, x in enumerate(inputs):
+            a = self._const_at.get(i)
+            if a is None:
+                a = np.ascontiguousarray(x, dtype=np.float32)
+            keep.append(a)
+            self._ptrs[i] = a.ctypes.data
+        out = np.empty(self.plan.shape, dtype=np.float32)
+        self._ptrs[len(inputs)] = out.ctypes.data
+        if self._lib.korch_linear_run(self._handle, self._ptrs) != 0:
+            raise RuntimeError(f"native linear kernel failed: {self._lib.korch_last_error().decode()}")
+        return [out]
+
+    def save(self, directory: Path, stem: str) -> dict[str, Any]:
+        meta = save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
+        meta["input_shapes"] = [list(s) for s in self.input_shapes]
+        return meta
+
+
+def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
+    return [tuple(kgraph.nodes[nid].shape) for nid in kgraph.inputs.values()]
+
+
+class NativeBackend(Backend):
+    name = "native"
+    kinds = frozenset({"linear"})
+
+    def supports(self, kgraph: Graph) -> bool:
+        plan = plan_of(kgraph)
+        if plan is None:
+            return False
+        try:
+            encode(plan, input_shapes(kgraph))
+        except Unsupported:
+            return False
+        return True
+
+    def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
+        plan = plan_of(kgraph)
+        if plan is None:
+            raise ValueError("native backend: not a MATMUL/CONV with an elementwise epilogue")
+        k = NativeLinearKernel(plan, consts, input_shapes(kgraph))
+        k.set_threads(num_threads)
+        return k
+
+    def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
+        plan, consts = load_consts(meta, directory)
+        k = NativeLinearKernel(plan, consts, [tuple(s) for s in meta["input_shapes"]])
+        k.set_threads(num_threads)
+        return k
+
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            blas = version("scipy-openblas32")
+        except PackageNotFoundError:
+            blas = "missing"
+        return f"native-{CODE_VERSION}-openblas-{blas}"
+
+
+register(NativeBackend())

@@ -1,0 +1,139 @@
+"""Native segments (Note [Native segment]): consecutive TVM and native linear kernels
+run as one call, match numpy, save and load, profile per kernel, and a segment that
+fails to build leaves its steps as they were, recorded."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from korch.diagnostics import collecting
+from korch.executable import Executable, Step, TensorSpec
+from korch.executable.native import fuse_native
+from korch.ir import GraphBuilder, Op, verify
+from korch.ir.subgraph import extract, make_kernel
+from korch.kernels.base import aligned_copy
+from korch.kernels.registry import get_backend
+
+rng = np.random.default_rng(1)
+
+
+def one_kernel(graph):
+    verify(graph)
+    kernel = make_kernel(graph, graph.users(), graph.compute_ids())
+    kg = extract(graph, kernel)
+    consts = {f"in{i}_c": graph.const_value(s) for i, s in enumerate(kernel.inputs) if graph.nodes[s].op is Op.CONST}
+    return kg, consts
+
+
+def unary_kernel(op, shape):
+    b = GraphBuilder()
+    b.output("y", b.unary(op, b.input("x", shape, "float32")))
+    kg, consts = one_kernel(b.graph)
+    return get_backend("tvm").build(kg, consts, 2)
+
+
+def linear_kernel(m, k, n):
+    b = GraphBuilder()
+    w = rng.standard_normal((k, n)).astype("float32")
+    bias = rng.standard_normal(n).astype("float32")
+    y = b.add(Op.MATMUL, [b.input("a", (m, k), "float32"), b.const(w, name="w")])
+    y = b.binary(Op.ADD, y, b.const(bias, name="bias"))
+    y = b.add(Op.MAX, [y, b.scalar(0.0, y)])
+    b.output("y", y)
+    kg, consts = one_kernel(b.graph)
+    return get_backend("native").build(kg, consts, 2), w, bias
+
+
+@pytest.fixture(scope="module")
+def chain():
+    """exp (tvm) -> matmul + bias + relu (native) -> tanh (tvm); node ids: x 0, e 1,
+    w 2, bias 3, y 4, t 5."""
+    m, k, n = 256, 384, 96
+    lin, w, bias = linear_kernel(m, k, n)
+    steps = [
+        Step("k0", "tvm", "w0", (1,), (0,), (1,), unary_kernel(Op.EXP, (m, k)), cost_us=10.0),
+        Step("k1", "native", "w1", (4,), (1, 2, 3), (4,), lin, cost_us=20.0),
+        Step("k2", "tvm", "w2", (5,), (4,), (5,), unary_kernel(Op.TANH, (m, n)), cost_us=5.0),
+    ]
+    consts = {2: w, 3: bias}
+    x = aligned_copy(rng.standard_normal((m, k)).astype("float32") * 0.1)
+    want = np.tanh(np.maximum(np.exp(x) @ w + bias, 0))
+    return steps, consts, x, want
+
+
+def test_one_segment_matches_numpy(chain):
+    steps, consts, x, want = chain
+    fused = fuse_native(steps, {5}, consts.get, 2)
+    assert [s.backend for s in fused] == ["native-segment"]
+    seg = fused[0]
+    assert seg.inputs == (0,) and seg.outputs == (5,)  # the weights are bound at load, e and y live inside
+    assert seg.cost_us == 35.0
+    assert seg.kernel.meta["arena_bytes"] >= 256 * 384 * 4  # e (and y) in the segment's arena
+    (got,) = seg.kernel([x])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # per-kernel clocks inside the segment
+    seg.kernel.profile(True)
+    seg.kernel([x])
+    ns = seg.kernel.profile_ns()
+    seg.kernel.profile(False)
+    assert len(ns) == 3 and all(v > 0 for v in ns)
+
+
+def test_intermediate_read_later_is_an_output(chain):
+    steps, consts, x, want = chain
+    fused = fuse_native(steps[:2], {4}, consts.get, 2)  # y is read after the segment
+    assert fused[0].outputs == (4,)
+    (y,) = fused[0].kernel([x])
+    np.testing.assert_allclose(np.tanh(y), want, rtol=1e-5, atol=1e-5)
+
+
+def test_non_native_step_splits_segments(chain):
+    steps, consts, x, want = chain
+    from korch.kernels.library.numpy_blas import NumpyBackend  # noqa: F401 - registers numpy
+
+    b = GraphBuilder()
+    w = consts[2]
+    y = b.add(Op.MATMUL, [b.input("a", (256, 384), "float32"), b.const(w, name="w")])
+    y = b.binary(Op.ADD, y, b.const(consts[3], name="bias"))
+    y = b.add(Op.MAX, [y, b.scalar(0.0, y)])
+    b.output("y", y)
+    kg, kc = one_kernel(b.graph)
+    numpy_step = Step("k1", "numpy", "w1", (4,), (1, 2, 3), (4,), get_backend("numpy").build(kg, kc, 2))
+    fused = fuse_native([steps[0], numpy_step, steps[2]], {5}, consts.get, 2)
+    assert [s.backend for s in fused] == ["native-segment", "numpy", "native-segment"]
+    exe = Executable(
+        {"x": TensorSpec(0, (256, 384), "float32")}, {"t": TensorSpec(5, (256, 96), "float32")}, consts, fused
+    )
+    np.testing.assert_allclose(exe({"x": x})["t"], want, rtol=1e-5, atol=1e-5)
+    assert [s.name for s in exe.kernel_steps()] == ["k0", "k1", "k2"]
+    assert [s.meta.get("segment") for s in exe.kernel_steps()] == [fused[0].name, None, fused[2].name]
+
+
+def test_save_and_load(chain, tmp_path):
+    steps, consts, x, want = chain
+    fused = fuse_native(steps, {5}, consts.get, 2)
+    exe = Executable({"x": TensorSpec(0, x.shape, "float32")}, {"t": TensorSpec(5, want.shape, "float32")}, {}, fused)
+    exe.save(tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert [s["backend"] for s in plan["steps"]] == ["native-segment"]
+    loaded = Executable.load(tmp_path, 2)
+    np.testing.assert_allclose(loaded({"x": x})["t"], want, rtol=1e-5, atol=1e-5)
+    assert [s.backend for s in loaded.kernel_steps()] == ["tvm", "native", "tvm"]
+
+
+def test_failed_build_is_skipped_and_recorded(chain, monkeypatch):
+    steps, consts, x, want = chain
+    import korch.kernels.native.toolchain as tc
+
+    def broken(*a, **k):
+        raise tc.NativeBuildError("native segment: g++ failed: injected")
+
+    monkeypatch.setattr(tc, "link_shared", broken)
+    with collecting() as c:
+        fused = fuse_native(steps, {5}, consts.get, 2)
+    assert fused == steps  # the steps run from Python, as before
+    (rec,) = c.records()
+    assert rec["stage"] == "native" and "injected" in rec["message"]

@@ -1,0 +1,84 @@
+"""The native linear backend on shapes large enough to split over threads (the small
+cases run in tests/kernels/test_library_backends.py with every linear backend)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph, randn, run_and_compare
+
+from korch.ir import GraphBuilder, Op
+from korch.kernels.native.linear import Unsupported, encode, plan_of
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(a_shape=(64, 96), b_shape=(96, 80), bias=True, relu=True),  # rows split
+        dict(a_shape=(1, 256), b_shape=(256, 300), bias=True),  # M = 1: columns split
+        dict(a_shape=(4, 2, 33, 40), b_shape=(4, 2, 40, 50), const_b=False),  # batch >= threads
+        dict(a_shape=(2, 3, 33, 40), b_shape=(40, 50)),  # shared weights, batch broadcast
+    ],
+    ids=["rows", "columns", "batched", "broadcast_b"],
+)
+def test_matmul_split(case, tmp_path):
+    kg, consts = kernel_of(matmul_graph(**case))
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(x_shape=(1, 16, 30, 30), w_shape=(24, 16, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
+        dict(x_shape=(2, 32, 20, 20), w_shape=(64, 32, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=1, relu=True),
+        dict(x_shape=(1, 48, 33, 31), w_shape=(48, 1, 5, 5), strides=(2, 2), pads=(2, 2, 2, 2), group=48, bias=True),
+        dict(x_shape=(1, 32, 17, 19), w_shape=(32, 8, 3, 3), strides=(1, 2), pads=(0, 1, 2, 1), group=4, dil=(2, 1)),
+    ],
+    ids=["3x3_bias", "1x1_relu", "depthwise_5x5_s2", "grouped_dilated"],
+)
+def test_conv_split(case, tmp_path):
+    kg, consts = kernel_of(conv_graph(**case))
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+def test_residual_epilogue():
+    """A full-size tensor operand (a residual add) beside a broadcast bias."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 12, 12), "float32")
+    r = b.input("r", (1, 16, 12, 12), "float32")
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(16, 8, 3, 3), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=(1, 1, 1, 1),
+        group=1,
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(16), name="bias"), (16, 1, 1)))
+    y = b.binary(Op.ADD, r, y)
+    y = b.unary(Op.TANH, y)
+    b.output("y", y)
+    kg, consts = kernel_of(b.graph)
+    run_and_compare("native", kg, consts, feeds_for(kg, consts))
+
+
+def test_conv1d():
+    b = GraphBuilder()
+    x = b.input("x", (2, 6, 40), "float32")
+    y = b.add(Op.CONV, [x, b.const(randn(10, 3, 3), name="w")], strides=(2,), dilations=(1,), pads=(1, 0), group=2)
+    b.output("y", y)
+    kg, consts = kernel_of(b.graph)
+    run_and_compare("native", kg, consts, feeds_for(kg, consts))
+
+
+def test_float64_is_unsupported():
+    kg, _ = kernel_of(matmul_graph((4, 5), (5, 3)))
+    plan = plan_of(kg)
+    assert plan is not None
+    code = encode(plan, [(4, 5), (5, 3)])
+    assert code[0] == 1 and code[1] == 0  # version, matmul
+    import dataclasses
+
+    with pytest.raises(Unsupported):
+        encode(dataclasses.replace(plan, dtype="float64"), [(4, 5), (5, 3)])
+    assert np.all(code[-1:] == 0)  # no epilogue steps
