@@ -5,7 +5,7 @@ kernel's own work is tens of ns) and times one segment call from Python:
 
 - ``serial``: N kernels too small to be parallel; (t(N) - t(1)) / (N - 1) is the cost
   of one more kernel inside a segment (its C++ call, TVM's argument checks, the work);
-- ``parallel``: N kernels with a parallel outer loop, so each one is an OpenMP
+- ``parallel``: N kernels of 256 KB (above SERIAL_BYTES) with a parallel outer loop, so each is an OpenMP
   parallel region: the same difference adds the pool's wake-up per kernel, which is
   what ``OMP_WAIT_POLICY``/``GOMP_SPINCOUNT`` change (each policy runs in a process of
   its own, since libgomp reads them when it loads);
@@ -66,7 +66,7 @@ def worker(n_kernels: int, threads: int) -> dict:
         return get_backend("tvm").build(extract(g, k), {}, threads)
 
     out = {}
-    for kind, shape in (("serial", (64,)), ("parallel", (threads * 2, 4096))):
+    for kind, shape in (("serial", (64,)), ("parallel", (threads * 2, 16384))):
         k = kernel(shape)
         x = aligned_copy(np.zeros(shape, np.float32))
         per = {}

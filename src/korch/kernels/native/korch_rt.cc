@@ -21,7 +21,13 @@ int g_threads = 0;  // 0: omp_get_max_threads()
 std::mutex g_err_mu;
 std::string g_err;
 
+int g_serial = 0;   // korch_serial: the next TVM kernels run their parallel loops inline
 int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+// Note [Serial small kernels]: waking the pool for a parallel region costs ~10 us on the
+// 2-core VM (benchmarks/native_dispatch.py, OMP_WAIT_POLICY=PASSIVE), so a kernel that
+// runs in less than about twice that on one thread stays on the calling thread.
+constexpr double SERIAL_FLOPS = 1.5e6;
 
 // --- epilogue --------------------------------------------------------------------------
 // op codes shared with linear.py
@@ -127,7 +133,7 @@ struct Linear {
     const float* B = static_cast<const float*>(ptrs[b]);
     float* C = static_cast<float*>(ptrs[nin]);
     const double flops = 2.0 * batch * M * N * K;
-    const int T = flops < 2e5 ? 1 : threads();
+    const int T = flops < SERIAL_FLOPS ? 1 : threads();
     // tasks: (batch, part); a part is a block of rows, or of columns when M is small
     const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
     const bool rows = M >= 4 * parts || N < 16 * parts;
@@ -212,7 +218,7 @@ struct Linear {
     float* Y = static_cast<float*>(ptrs[nin]);
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
     const double flops = 2.0 * n * co * HW * KK;
-    const int T = flops < 2e5 ? 1 : threads();
+    const int T = flops < SERIAL_FLOPS ? 1 : threads();
     if (cig == 1 && cog == 1) {
       const int64_t tasks = n * co;
 #pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
@@ -385,8 +391,10 @@ struct GroupEnv {
   int32_t num_task;
 };
 
+void korch_serial(int on) { g_serial = on; }
+
 int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task) {
-  const int T = num_task > 0 ? num_task : threads();
+  const int T = g_serial ? 1 : num_task > 0 ? num_task : threads();
   if (T == 1) {
     GroupEnv env{nullptr, 1};
     return f(0, &env, cdata);

@@ -25,6 +25,8 @@ void korch_aligned_free(void* p);
 // runs f(task, env, cdata) on num_task (0: all) pool threads; TVM's parallel-launch ABI
 int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task);
 int korch_parallel_barrier(int task, void* env);
+// 1: TVM kernels run their parallel loops on the calling thread (Note [Serial small kernels])
+void korch_serial(int on);
 // TVM's workspace ABI (a kernel's scratch buffers)
 void* korch_workspace_alloc(int device_type, int device_id, uint64_t nbytes, int code_hint, int bits_hint);
 int korch_workspace_free(int device_type, int device_id, void* ptr);

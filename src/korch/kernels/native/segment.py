@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import shutil
 import tarfile
 import tempfile
@@ -72,6 +73,11 @@ def check_hooks(objects: Sequence[Path]) -> None:
             if len(parts) >= 2 and parts[-2] in ("V", "v", "B", "D") and parts[-1].startswith("__TVM"):
                 if parts[-1] not in TVM_HOOKS:
                     raise NativeBuildError(f"TVM object {obj.name} needs runtime hook {parts[-1]}, not provided")
+
+
+# a TVM kernel whose arguments total fewer bytes runs serially in a segment (a memory-
+# bound pass over 192 KB takes ~20 us on one core here, about twice a pool wake-up)
+SERIAL_BYTES = 192 * 1024
 
 
 def dl_dtype(dtype: str | np.dtype) -> tuple[int, int]:
@@ -121,10 +127,14 @@ def driver_source(
                     f"AA[{d + j}].v_ptr = &DT[{d + j}];\n"
                 )
                 sets.append(f"DT[{d + j}].data = S[{slot}];")
+            nbytes = sum(math.prod(sh) * np.dtype(dt).itemsize for sh, dt in specs)
+            serial = int(nbytes < SERIAL_BYTES)  # Note [Serial small kernels] in korch_rt.cc
             run.append(
-                f"  {{ // step {i}: {sym}\n    {' '.join(sets)}\n"
+                f"  {{ // step {i}: {sym}, {nbytes} bytes\n    {' '.join(sets)}\n"
                 f"    TVMFFIAny r; r.type_index = kTVMFFINone; r.zero_padding = 0; r.v_int64 = 0;\n"
-                f"    if (__tvm_ffi_{sym}(nullptr, AA + {d}, {len(arg_slots)}, &r) != 0) return {i + 1};\n  }}\n"
+                f"    korch_serial({serial});\n"
+                f"    const int rc = __tvm_ffi_{sym}(nullptr, AA + {d}, {len(arg_slots)}, &r);\n"
+                f"    korch_serial(0);\n    if (rc != 0) return {i + 1};\n  }}\n"
             )
             d += len(arg_slots)
         else:
