@@ -366,6 +366,29 @@ def _lean_plans(inp: PlanInputs, base: Plan, seen: set, feeds) -> Plan:
     return rebuild[best]()  # (the one-region builders set their spin)
 
 
+# the backends whose kernels join native segments (korch.executable.native)
+SEGMENT_BACKENDS = frozenset({"tvm", "native"})
+
+
+def _dispatch_costs(exe, info: dict) -> tuple[float, float]:
+    """What running one more kernel costs besides its own clock, from ``time_steps``:
+    (a kernel run as a step of the Python loop, a kernel inside a native segment).
+
+    Note [Native segment]: inside a segment the next kernel is a C++ call (tens of ns,
+    ``benchmarks/native_dispatch.py``), so a native kernel costs its clock. A kernel
+    run from Python costs a step of the loop and, between native kernels, splits a
+    segment: one more segment call (ctypes, argument checks: measured here as the
+    segments' time outside their kernels' clocks). Without segments both are the
+    loop's cost per step."""
+    steps = max(1, len(exe.steps))
+    per_step = info["dispatch_us"] / steps
+    segments = sum(1 for st in exe.steps if st.backend == "native-segment")
+    if not segments:
+        return per_step, per_step
+    per_segment_call = info["segment_overhead_us"] / segments + per_step
+    return per_step + per_segment_call, 0.0
+
+
 def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -> dict[str, float]:
     """Re-solve the BLP on the costs its plan's kernels take in place (Note [End-to-end
     plan check]); adds each new plan to ``plans``. Returns the last in-place/measured
@@ -374,17 +397,21 @@ def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -
 
     s = inp.settings
     plan = plans["blp"]
-    in_place: dict[tuple[int, tuple[int, ...]], float] = {}
+    # (partition, primitives, backend) -> us in place: another backend's kernel for the
+    # same primitives is a different kernel, costed by its own measurement
+    in_place: dict[tuple[int, tuple[int, ...], str], float] = {}
     scales: dict[str, float] = {}
     for r in range(max(0, s.in_place_rounds)):
         plan.executable.set_threads(max(1, int(s.num_threads)))
         info = time_steps(plan.executable, feeds, runs=8, max_seconds=10.0)
-        per_call = info["dispatch_us"] / max(1, len(plan.chosen))
-        for c, us in zip(plan.chosen, info["step_us"]):
-            in_place[(c.partition, c.kernel.nodes)] = us
+        per_call, per_native = _dispatch_costs(plan.executable, info)
+        # one time per kernel, in the order of plan.chosen (a native segment's kernels by
+        # its own clocks)
+        for c, us in zip(plan.chosen, info["kernel_us"]):
+            in_place[(c.partition, c.kernel.nodes, c.backend)] = us
         ratios: dict[str, list[float]] = {}
         for c in inp.candidates:
-            us = in_place.get((c.partition, c.kernel.nodes))
+            us = in_place.get((c.partition, c.kernel.nodes, c.backend))
             if us is not None and math.isfinite(c.cost_us) and c.cost_us > 0:
                 ratios.setdefault(c.kind, []).append(us / c.cost_us)
         if not ratios:
@@ -392,16 +419,15 @@ def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -
         scales = {k: round(statistics.median(v), 3) for k, v in ratios.items()}
         overall = statistics.median([x for v in ratios.values() for x in v])
 
-        def cost(c: Candidate, sc: dict[str, float], overall: float, per_call: float) -> float:
-            us = in_place.get((c.partition, c.kernel.nodes))
+        def cost(c: Candidate, sc: dict[str, float], overall: float, per_call: float, per_native: float) -> float:
+            us = in_place.get((c.partition, c.kernel.nodes, c.backend))
             if us is None:
                 us = c.cost_us * sc.get(c.kind, overall)
-            return us + per_call
+            return us + (per_native if c.backend in SEGMENT_BACKENDS else per_call)
 
         name = f"in place {r + 1}"
-        if not _add_plan(
-            inp, plans, seen, name, functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call)
-        ):
+        costf = functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call, per_native=per_native)
+        if not _add_plan(inp, plans, seen, name, costf):
             break
         plan = plans[name]
     return scales

@@ -82,3 +82,19 @@ def test_float64_is_unsupported():
     with pytest.raises(Unsupported):
         encode(dataclasses.replace(plan, dtype="float64"), [(4, 5), (5, 3)])
     assert np.all(code[-1:] == 0)  # no epilogue steps
+
+
+def test_outputs_along_the_chain(tmp_path):
+    """GELU's shape: the kernel outputs the biased product and its half (taps)."""
+    b = GraphBuilder()
+    a = b.input("a", (1, 64, 48), "float32")
+    y = b.add(Op.MATMUL, [a, b.const(randn(48, 40), name="w")])
+    y = b.binary(Op.ADD, y, b.const(randn(40), name="bias"))
+    half = b.add(Op.MUL, [y, b.scalar(0.5, y)])
+    b.output("pre", y)
+    b.output("half", half)
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.taps == (1, 2)
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.n_outputs == 2

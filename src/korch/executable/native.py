@@ -126,7 +126,7 @@ def build_segment(
             drv_steps.append(("tvm", sym, arg, specs + ospecs + [(h.shape, str(h.dtype)) for h in hid]))
         else:
             arg = [read(node, (s, "float32")) for node, s in zip(st.inputs, k.input_shapes)]
-            arg.append(write(st.outputs[0], (tuple(k.plan.shape), "float32")))
+            arg += [write(node, (tuple(k.plan.shape), "float32")) for node in st.outputs]
             drv_steps.append(("linear", k.code.tolist(), arg))
     for node in produced:
         if node in later:
@@ -144,10 +144,12 @@ def build_segment(
             final.append(("io", len(in_nodes) + out_index[idx]) if idx in out_index else ("arena", offsets[idx]))
         else:
             final.append((kind, idx))
-    source = driver_source(drv_steps, len(in_nodes) + len(out_nodes), len(consts), final, arena_bytes)
+    source = driver_source(drv_steps, final, arena_bytes)
     build = new_build_dir()
     objects = tvm_object(funcs, num_threads, build) if funcs else []
     lib = link_shared(source, objects, build / f"seg{n}.so")
+    for obj in [*objects, build / "kernels.tar"]:
+        obj.unlink(missing_ok=True)
     meta = {
         "inputs": [[list(s), d] for s, d in in_specs],
         "outputs": [[list(produced[nd][0]), produced[nd][1]] for nd in out_nodes],

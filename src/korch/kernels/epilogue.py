@@ -74,6 +74,10 @@ class LinearPlan:
     dtype: str
     epilogue: tuple[EpilogueStep, ...]
     input_names: tuple[str, ...]
+    # ``match_linear(..., taps=True)``: the kernel's outputs by position, each the chain's
+    # value after that many epilogue steps (0: the linear result); () is one output, the
+    # chain's end
+    taps: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -90,6 +94,7 @@ class LinearPlan:
                 {"op": s.op.value, "operand": s.operand.to_json() if s.operand else None, "value_left": s.value_left}
                 for s in self.epilogue
             ],
+            "taps": list(self.taps),
         }
 
     @staticmethod
@@ -108,13 +113,18 @@ class LinearPlan:
                 for s in d["epilogue"]
             ),
             tuple(d["input_names"]),
+            tuple(d.get("taps", ())),
         )
 
 
-def match_linear(kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL, Op.CONV})) -> LinearPlan | None:
-    """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one."""
+def match_linear(
+    kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL, Op.CONV}), taps: bool = False
+) -> LinearPlan | None:
+    """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one.
+    ``taps``: the kernel may also output values along the chain (GELU's pre-activation,
+    say); ``LinearPlan.taps`` says where each output is taken."""
     nodes = kgraph.nodes
-    if len(kgraph.outputs) != 1:
+    if len(kgraph.outputs) != 1 and not taps:
         return None
     positions = {nid: pos for pos, nid in enumerate(kgraph.inputs.values())}
     names = list(kgraph.inputs)
@@ -146,9 +156,13 @@ def match_linear(kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL
     used = {lid} | set(lnode.inputs)
     cur = lid
     chain: list[EpilogueStep] = []
-    out_id = next(iter(kgraph.outputs.values()))
+    out_ids = list(kgraph.outputs.values())
+    at: dict[int, int] = {lid: 0}  # chain node -> epilogue steps before its value
+    out_id = out_ids[0] if len(out_ids) == 1 else None
     while cur != out_id:
         nexts = users[cur]
+        if out_id is None and not nexts:
+            break  # the chain's end (with taps)
         if len(nexts) != 1:
             return None
         nid = nexts[0]
@@ -174,9 +188,15 @@ def match_linear(kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL
             return None
         used.add(nid)
         cur = nid
+        at[cur] = len(chain)
     for i, n in enumerate(nodes):
         if n.op not in (Op.INPUT, Op.CONST) and i not in used:
             return None  # something else is computed
+    tap_steps: tuple[int, ...] = ()
+    if taps:
+        if any(o not in at for o in out_ids) or cur not in out_ids:
+            return None  # an output off the chain, or the chain's end is not an output
+        tap_steps = tuple(at[o] for o in out_ids)
     attrs = {}
     if lnode.op is Op.CONV:
         attrs = {k: lnode.attr(k) for k in ("strides", "dilations", "pads", "group")}
@@ -192,6 +212,7 @@ def match_linear(kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL
         dtype,
         tuple(chain),
         tuple(names),
+        tap_steps,
     )
 
 

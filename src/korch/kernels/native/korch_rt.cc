@@ -34,10 +34,11 @@ constexpr double SERIAL_FLOPS = 1.5e6;
 enum Code : int64_t {
   ADD = 1, SUB = 2, MUL = 3, DIV = 4, MAX = 5, MIN = 6,
   NEG = 11, EXP = 12, TANH = 13, SIGMOID = 14, ABS = 15,
+  STORE = 20,
 };
 
 struct Step {
-  int64_t op, kind, left, pos;  // kind 0 unary, 1 scalar, 2 tensor operand (input pos)
+  int64_t op, kind, left, pos;  // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos)
   float scalar;
   std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
 };
@@ -91,7 +92,7 @@ void unary(int64_t op, float* __restrict v, int64_t n) {
 
 // --- the kernel ------------------------------------------------------------------------
 struct Linear {
-  int64_t op = 0, nin = 0, a = 0, b = 0;
+  int64_t op = 0, nin = 0, nout = 1, main = 0, a = 0, b = 0;
   std::vector<int64_t> oshape;
   // matmul: out[batch, M, N] = A[aoff + (M, K)] @ B[boff + (K, N)]
   int64_t batch = 0, M = 0, K = 0, N = 0;
@@ -109,7 +110,9 @@ struct Linear {
       const int64_t r = f / L, c0 = f % L, len = std::min(L - c0, end - f);
       float* v = out + f;
       for (const Step& s : epi) {
-        if (s.kind == 0) {
+        if (s.kind == 3) {
+          std::memcpy(static_cast<float*>(ptrs[nin + s.pos]) + f, v, sizeof(float) * len);
+        } else if (s.kind == 0) {
           unary(s.op, v, len);
         } else if (s.kind == 1) {
           binary(s.op, v, len, &s.scalar, 0, s.left != 0);
@@ -131,7 +134,7 @@ struct Linear {
   int matmul(void* const* ptrs) const {
     const float* A = static_cast<const float*>(ptrs[a]);
     const float* B = static_cast<const float*>(ptrs[b]);
-    float* C = static_cast<float*>(ptrs[nin]);
+    float* C = static_cast<float*>(ptrs[nin + main]);
     const double flops = 2.0 * batch * M * N * K;
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
     // tasks: (batch, part); a part is a block of rows, or of columns when M is small
@@ -215,7 +218,7 @@ struct Linear {
   int conv(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
     const float* W = static_cast<const float*>(ptrs[b]);
-    float* Y = static_cast<float*>(ptrs[nin]);
+    float* Y = static_cast<float*>(ptrs[nin + main]);
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
     const double flops = 2.0 * n * co * HW * KK;
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
@@ -341,6 +344,8 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
   const int64_t version = r.next();
   k->op = r.next();
   k->nin = r.next();
+  k->nout = r.next();
+  k->main = r.next();
   k->a = r.next();
   k->b = r.next();
   const int64_t D = r.next();
@@ -369,9 +374,11 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     std::memcpy(&v, &bits, sizeof v);
     st.scalar = (float)v;
     for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
+    if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)))
+      r.ok = false;
     k->epi.push_back(st);
   }
-  if (!r.ok || version != 1 || r.i != n || D < 1 || (k->op != 0 && k->op != 1) ||
+  if (!r.ok || version != 1 || r.i != n || D < 1 || (k->op != 0 && k->op != 1) || k->main < 0 || k->main >= k->nout ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

@@ -11,11 +11,16 @@ alone (profiling) it is called through ctypes, which costs about a microsecond.
 A kernel is described to C++ by an int64 code (``encode``), read by
 ``korch_linear_create``::
 
-    1, op (0 matmul, 1 conv), n inputs, a pos, b pos, D, out shape[D],
+    1, op (0 matmul, 1 conv), n inputs, n outputs, main output, a pos, b pos, D, out shape[D],
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
-    n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor), value left, input pos,
-            the scalar as float64 bits, element strides of the operand over the out dims[D]
+    n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store), value left,
+            input pos (output pos for a store), the scalar as float64 bits, element
+            strides of the operand over the out dims[D]
+
+The linear result goes to the main output (the chain's end) and the chain runs there;
+a kernel with more outputs (``LinearPlan.taps``: GELU's pre-activation beside its
+product, say) gets store steps that copy the value at their point of the chain.
 """
 
 from __future__ import annotations
@@ -50,6 +55,9 @@ OP_CODES = {
 }
 
 
+STORE = 20  # kind 3: copy the chain's value so far into output ``pos``
+
+
 class Unsupported(ValueError):
     """The plan is valid but the native runtime does not implement it."""
 
@@ -71,7 +79,13 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     if plan.dtype != "float32" or len(plan.shape) < 1:
         raise Unsupported(f"native linear kernels are float32 (got {plan.dtype})")
     shape = tuple(int(s) for s in plan.shape)
-    code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), plan.a, plan.b, len(shape)]
+    taps = plan.taps or (len(plan.epilogue),)
+    ends = [k for k, t in enumerate(taps) if t == len(plan.epilogue)]
+    if not ends:
+        raise Unsupported("no output at the chain's end")
+    main = ends[0]  # the linear result is computed into this output, the chain applied there
+    code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), len(taps), main]
+    code += [plan.a, plan.b, len(shape)]
     code += shape
     if plan.op is Op.MATMUL:
         a, b = plan.a_shape, plan.b_shape
@@ -107,8 +121,11 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
             raise Unsupported("conv weights do not match the channels")
     else:
         raise Unsupported(str(plan.op))
-    code.append(len(plan.epilogue))
-    for st in plan.epilogue:
+    stores = {t: [k for k, tt in enumerate(taps) if tt == t and k != main] for t in range(len(plan.epilogue) + 1)}
+    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()))
+    zeros = [0] * len(shape)
+    for j, st in enumerate(plan.epilogue):
+        code += [x for k in stores[j] for x in (STORE, 3, 1, k, 0, *zeros)]  # Note: output k := the value
         if st.op not in OP_CODES:
             raise Unsupported(f"epilogue {st.op}")
         opd = st.operand
@@ -120,6 +137,7 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
         else:
             strides = _operand_strides(plan, opd, tuple(input_shapes[opd.pos]))
             code += [OP_CODES[st.op], 2, int(st.value_left), opd.pos, 0, *strides]
+    code += [x for k in stores[len(plan.epilogue)] for x in (STORE, 3, 1, k, 0, *zeros)]
     return np.asarray(code, dtype=np.int64)
 
 
@@ -138,7 +156,7 @@ def runtime() -> ctypes.CDLL:
 
 
 def plan_of(kgraph: Graph) -> LinearPlan | None:
-    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}))
+    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True)
 
 
 class NativeLinearKernel(CompiledKernel):
@@ -155,7 +173,8 @@ class NativeLinearKernel(CompiledKernel):
         if not handle:
             raise RuntimeError(self._lib.korch_last_error().decode())
         self._handle = ctypes.c_void_p(handle)
-        self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + 1))()
+        self.n_outputs = len(plan.taps) or 1
+        self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + self.n_outputs))()
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -173,11 +192,12 @@ class NativeLinearKernel(CompiledKernel):
                 a = np.ascontiguousarray(x, dtype=np.float32)
             keep.append(a)
             self._ptrs[i] = a.ctypes.data
-        out = np.empty(self.plan.shape, dtype=np.float32)
-        self._ptrs[len(inputs)] = out.ctypes.data
+        outs = [np.empty(self.plan.shape, dtype=np.float32) for _ in range(self.n_outputs)]
+        for j, o in enumerate(outs):
+            self._ptrs[len(inputs) + j] = o.ctypes.data
         if self._lib.korch_linear_run(self._handle, self._ptrs) != 0:
             raise RuntimeError(f"native linear kernel failed: {self._lib.korch_last_error().decode()}")
-        return [out]
+        return outs
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         meta = save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
