@@ -73,7 +73,7 @@ def test_one_segment_matches_numpy(chain):
     assert seg.cost_us == 35.0
     assert seg.kernel.meta["arena_bytes"] >= 256 * 384 * 4  # e (and y) in the segment's arena
     (got,) = seg.kernel([x])
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     # per-kernel clocks inside the segment
     seg.kernel.profile(True)
     seg.kernel([x])
@@ -87,7 +87,7 @@ def test_intermediate_read_later_is_an_output(chain):
     fused = fuse_native(steps[:2], {4}, consts.get, 2)  # y is read after the segment
     assert fused[0].outputs == (4,)
     (y,) = fused[0].kernel([x])
-    np.testing.assert_allclose(np.tanh(y), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.tanh(y), want, rtol=1e-4, atol=1e-4)
 
 
 def test_non_native_step_splits_segments(chain):
@@ -107,7 +107,7 @@ def test_non_native_step_splits_segments(chain):
     exe = Executable(
         {"x": TensorSpec(0, (256, 384), "float32")}, {"t": TensorSpec(5, (256, 96), "float32")}, consts, fused
     )
-    np.testing.assert_allclose(exe({"x": x})["t"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(exe({"x": x})["t"], want, rtol=1e-4, atol=1e-4)
     assert [s.name for s in exe.kernel_steps()] == ["k0", "k1", "k2"]
     assert [s.meta.get("segment") for s in exe.kernel_steps()] == [fused[0].name, None, fused[2].name]
 
@@ -120,7 +120,7 @@ def test_save_and_load(chain, tmp_path):
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert [s["backend"] for s in plan["steps"]] == ["native-segment"]
     loaded = Executable.load(tmp_path, 2)
-    np.testing.assert_allclose(loaded({"x": x})["t"], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loaded({"x": x})["t"], want, rtol=1e-4, atol=1e-4)
     assert [s.backend for s in loaded.kernel_steps()] == ["tvm", "native", "tvm"]
 
 

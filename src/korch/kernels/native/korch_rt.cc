@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cblas.h"
+#include "korch_gemm.h"
 
 namespace {
 
@@ -92,7 +93,11 @@ void unary(int64_t op, float* __restrict v, int64_t n) {
 
 // --- the kernel ------------------------------------------------------------------------
 struct Linear {
-  int64_t op = 0, nin = 0, nout = 1, main = 0, a = 0, b = 0;
+  int64_t op = 0, nin = 0, nout = 1, main = 0, a = 0, b = 0, b_const = 0;
+  // the weights packed for korch_gemm on the first call (b_const: they never change)
+  mutable std::mutex pack_mu;
+  mutable std::vector<float> packed;
+  mutable const float* packed_from = nullptr;
   std::vector<int64_t> oshape;
   // matmul: out[batch, M, N] = A[aoff + (M, K)] @ B[boff + (K, N)]
   int64_t batch = 0, M = 0, K = 0, N = 0;
@@ -131,7 +136,58 @@ struct Linear {
 
   int run(void* const* ptrs) const { return op == 0 ? matmul(ptrs) : conv(ptrs); }
 
+  // B packed (groups of [K, N] operands, B(k, n) = W[g * gstride + k * bk + n * bn]), once
+  const float* pack(const float* W, int64_t groups, int64_t gstride, int64_t K, int64_t N, int64_t bk,
+                    int64_t bn) const {
+    std::lock_guard<std::mutex> lock(pack_mu);
+    if (packed_from != W) {
+      const int64_t per = korch_gemm::packed_size(K, N);
+      packed.assign((size_t)(per * groups), 0.0f);
+      for (int64_t g = 0; g < groups; ++g) korch_gemm::pack_b(W + g * gstride, K, N, bk, bn, packed.data() + g * per);
+      packed_from = W;
+    }
+    return packed.data();
+  }
+
+  bool packed_matmul() const {
+    if (!korch_gemm::available || !b_const || M < korch_gemm::MR) return false;
+    for (int64_t o : boff)
+      if (o != 0) return false;
+    return true;
+  }
+
+  int matmul_packed(void* const* ptrs) const {
+    const float* A = static_cast<const float*>(ptrs[a]);
+    float* C = static_cast<float*>(ptrs[nin + main]);
+    const float* Bp = pack(static_cast<const float*>(ptrs[b]), 1, 0, K, N, N, 1);
+    const int64_t panels = (N + korch_gemm::NR - 1) / korch_gemm::NR;
+    const int T = 2.0 * batch * M * N * K < SERIAL_FLOPS ? 1 : threads();
+    const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
+    const bool rows = M >= 4 * korch_gemm::MR * parts || panels < parts;
+    const int64_t tasks = batch * parts;
+#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t bi = t / parts, p = t % parts;
+      const float* Ab = A + aoff[bi];
+      float* Cb = C + bi * M * N;
+      if (rows) {
+        const int64_t m0 = M * p / parts, m1 = M * (p + 1) / parts;
+        if (m1 <= m0) continue;
+        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, m0, m1, 0, panels);
+        epilogue(C, ptrs, bi * M * N + m0 * N, bi * M * N + m1 * N);
+      } else {
+        const int64_t q0 = panels * p / parts, q1 = panels * (p + 1) / parts;
+        if (q1 <= q0) continue;
+        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, 0, M, q0, q1);
+        const int64_t n0 = q0 * korch_gemm::NR, n1 = std::min(N, q1 * korch_gemm::NR);
+        for (int64_t r = 0; r < M; ++r) epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1);
+      }
+    }
+    return 0;
+  }
+
   int matmul(void* const* ptrs) const {
+    if (packed_matmul()) return matmul_packed(ptrs);
     const float* A = static_cast<const float*>(ptrs[a]);
     const float* B = static_cast<const float*>(ptrs[b]);
     float* C = static_cast<float*>(ptrs[nin + main]);
@@ -243,6 +299,10 @@ struct Linear {
     const int64_t chunk = rows_per * wo;
     const int64_t tasks = n * group * blocks;
     int err = 0;
+    // weights as the packed operand: out^T[pixels, Co] = im2col^T @ W^T, written channel-major
+    const bool use_packed = korch_gemm::available && b_const;
+    const int64_t per = korch_gemm::packed_size(KK, cog), panels = (cog + korch_gemm::NR - 1) / korch_gemm::NR;
+    const float* Wp = use_packed ? pack(W, group, cog * KK, KK, cog, 1, KK) : nullptr;
 #pragma omp parallel num_threads(T) if (T > 1)
     {
       std::vector<float> col;
@@ -288,8 +348,11 @@ struct Linear {
           Bm = col.data();
           ldb = np;
         }
-        scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cog, (int)np, (int)KK, 1.0f, wg, (int)KK,
-                          Bm, (int)ldb, 0.0f, yg + p0, (int)HW);
+        if (use_packed)
+          korch_gemm::gemm(cog, KK, Bm, 1, ldb, Wp + g * per, yg + p0, 1, HW, 0, np, 0, panels);
+        else
+          scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cog, (int)np, (int)KK, 1.0f, wg,
+                            (int)KK, Bm, (int)ldb, 0.0f, yg + p0, (int)HW);
         for (int64_t o = 0; o < cog; ++o) {
           const int64_t base = (ni * co + g * cog + o) * HW;
           epilogue(Y, ptrs, base + p0, base + p1);
@@ -346,6 +409,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
   k->nin = r.next();
   k->nout = r.next();
   k->main = r.next();
+  k->b_const = r.next();
   k->a = r.next();
   k->b = r.next();
   const int64_t D = r.next();

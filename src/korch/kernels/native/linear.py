@@ -11,7 +11,8 @@ alone (profiling) it is called through ctypes, which costs about a microsecond.
 A kernel is described to C++ by an int64 code (``encode``), read by
 ``korch_linear_create``::
 
-    1, op (0 matmul, 1 conv), n inputs, n outputs, main output, a pos, b pos, D, out shape[D],
+    1, op (0 matmul, 1 conv), n inputs, n outputs, main output, b constant, a pos, b pos, D,
+    out shape[D],
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
     n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store), value left,
@@ -84,7 +85,8 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     if not ends:
         raise Unsupported("no output at the chain's end")
     main = ends[0]  # the linear result is computed into this output, the chain applied there
-    code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), len(taps), main]
+    b_const = int(plan.input_names[plan.b].endswith("_c"))  # a named constant: packed once
+    code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), len(taps), main, b_const]
     code += [plan.a, plan.b, len(shape)]
     code += shape
     if plan.op is Op.MATMUL:

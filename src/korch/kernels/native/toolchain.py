@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("korch_rt.h", "korch_rt.cc")
+SOURCES = ("korch_rt.h", "korch_gemm.h", "korch_rt.cc")
 CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-fno-math-errno"]
 
 
