@@ -246,7 +246,10 @@ class NativeBackend(Backend):
             blas = version("scipy-openblas32")
         except PackageNotFoundError:
             blas = "missing"
-        return f"native-{CODE_VERSION}-openblas-{blas}"
+        from korch.kernels.native.toolchain import source_hash
+
+        # the runtime's sources are part of the version: a faster GEMM re-measures
+        return f"native-{CODE_VERSION}-{source_hash()[:8]}-openblas-{blas}"
 
 
 register(NativeBackend())

@@ -121,6 +121,12 @@ def _publish(tmp: Path, dest: Path) -> Path:
 
 
 @functools.cache
+def source_hash() -> str:
+    """A hash of the runtime's sources (part of the native backend's version)."""
+    return _key(b"".join((HERE / s).read_bytes() for s in SOURCES))
+
+
+@functools.cache
 def runtime_object() -> Path:
     """``korch_rt.o`` for this machine (compiled once, then cached)."""
     src = b"".join((HERE / s).read_bytes() for s in SOURCES)
