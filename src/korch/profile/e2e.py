@@ -293,14 +293,14 @@ def time_steps(exe, feeds, runs: int = 20, max_seconds: float = 30.0) -> dict[st
             break
     # per kernel: a native segment's kernels by its own clocks (means), others as steps
     kernel_us: list[float] = []
-    segment_overhead_us = 0.0  # inside segments, outside their kernels' clocks (means)
+    segment_overhead_us = 0.0  # inside segments, outside their kernels' clocks
     for i, st in enumerate(exe.steps):
         if st.backend == "native-segment":
             ns = st.kernel.profile_ns()
             st.kernel.profile(False)
-            members = [v / 1e3 / max(1, len(totals)) for v in ns]
+            members = [v / 1e3 for v in ns]  # medians, like the steps'
             kernel_us += members
-            segment_overhead_us += max(0.0, statistics.fmean(per[i]) * 1e6 - sum(members)) if per[i] else 0.0
+            segment_overhead_us += max(0.0, statistics.median(per[i]) * 1e6 - sum(members)) if per[i] else 0.0
         else:
             kernel_us.append(statistics.median(per[i]) * 1e6)
     plain = []

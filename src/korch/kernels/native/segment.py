@@ -76,6 +76,9 @@ def check_hooks(objects: Sequence[Path]) -> None:
                     raise NativeBuildError(f"TVM object {obj.name} needs runtime hook {parts[-1]}, not provided")
 
 
+# korch_seg_profile keeps each kernel's time of the last this many calls (medians)
+PROFILE_RUNS = 64
+
 # a TVM kernel whose arguments total fewer bytes runs serially in a segment (a memory-
 # bound pass over 192 KB takes ~20 us on one core here, about twice a pool wake-up)
 SERIAL_BYTES = 192 * 1024
@@ -108,8 +111,9 @@ def driver_source(steps: Sequence[tuple], slots: Sequence[tuple[str, int]], aren
     n_lin = sum(1 for s in steps if s[0] == "linear")
     out.append(f"static void* S[{max(1, len(slots))}];\nstatic char* ARENA = nullptr;\n")
     out.append(f"static DLTensor DT[{max(1, n_dl)}];\nstatic TVMFFIAny AA[{max(1, n_dl)}];\n")
-    out.append(f"static void* LH[{max(1, n_lin)}];\nstatic int64_t PROF_NS[{max(1, len(steps))}];\n")
-    out.append("static int PROF = 0;\n")
+    nst = max(1, len(steps))
+    out.append(f"static void* LH[{max(1, n_lin)}];\nstatic int64_t PROF_NS[{PROFILE_RUNS} * {nst}];\n")
+    out.append("static int PROF = 0;\nstatic int64_t PROF_RUN = 0;\n")
     init, run = [], []
     d = lin = 0
     for i, st in enumerate(steps):
@@ -165,15 +169,21 @@ def driver_source(steps: Sequence[tuple], slots: Sequence[tuple[str, int]], aren
     out.extend(init)
     out.append("  return 0;\n}\n")
     out.append(f'\nextern "C" int korch_seg_steps() {{ return {len(steps)}; }}\n')
-    out.append('extern "C" void korch_seg_profile(int on) { PROF = on; for (auto& t : PROF_NS) t = 0; }\n')
+    out.append(
+        'extern "C" void korch_seg_profile(int on) { PROF = on; PROF_RUN = 0; for (auto& t : PROF_NS) t = 0; }\n'
+    )
     out.append('extern "C" const int64_t* korch_seg_profile_ns() { return PROF_NS; }\n')
+    out.append('extern "C" int64_t korch_seg_profile_runs() { return PROF_RUN; }\n')
     out.append('\nextern "C" int korch_seg_run(void* const* io) {\n')
     out.extend(io_sets)
     out.append("  int64_t t0 = PROF ? now_ns() : 0;\n")
     for i, r in enumerate(run):
         out.append(r)
-        out.append(f"  if (PROF) {{ int64_t t1 = now_ns(); PROF_NS[{i}] += t1 - t0; t0 = t1; }}\n")
-    out.append("  return 0;\n}\n")
+        out.append(
+            f"  if (PROF) {{ int64_t t1 = now_ns(); PROF_NS[(PROF_RUN % {PROFILE_RUNS}) * {nst} + {i}] = t1 - t0; "
+            "t0 = t1; }\n"
+        )
+    out.append("  if (PROF) ++PROF_RUN;\n  return 0;\n}\n")
     return "".join(out)
 
 
@@ -215,6 +225,7 @@ class NativeSegment(CompiledKernel):
         self._lib.korch_last_error.restype = ctypes.c_char_p
         self._lib.korch_set_threads.argtypes = [ctypes.c_int]
         self._lib.korch_seg_profile_ns.restype = ctypes.POINTER(ctypes.c_int64)
+        self._lib.korch_seg_profile_runs.restype = ctypes.c_int64
         cptrs = (ctypes.c_void_p * max(1, len(self.consts)))(*[buffer_address(c) or None for c in self.consts])
         rc = self._lib.korch_seg_init(cptrs)
         if rc != 0:
@@ -267,9 +278,14 @@ class NativeSegment(CompiledKernel):
     def profile(self, on: bool) -> None:
         self._lib.korch_seg_profile(int(on))
 
-    def profile_ns(self) -> list[int]:
+    def profile_ns(self) -> list[float]:
+        """Each kernel's median time (ns) over the calls since ``profile(True)`` (the
+        last PROFILE_RUNS of them); zeros before any call."""
         p = self._lib.korch_seg_profile_ns()
-        return [int(p[i]) for i in range(len(self.step_names))]
+        n, runs = len(self.step_names), min(int(self._lib.korch_seg_profile_runs()), PROFILE_RUNS)
+        if runs == 0:
+            return [0.0] * n
+        return [float(np.median([p[r * n + i] for r in range(runs)])) for i in range(n)]
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         directory = Path(directory)
