@@ -27,8 +27,17 @@ log = logging.getLogger("korch")
 # cost, ``UNMEASURED_PENALTY_US`` each: the BLP takes as few of them as it can (one
 # region over the unmeasurable part, usually). The report lists such partitions
 # (``unmeasured_partitions``); the optimization completes, the end-to-end check still
-# times the result.
+# times the result. The guided profiling rounds solve such a partition the same way
+# (``with_unmeasured_penalty``), so that the rest of it is measured: roberta's token-type
+# Gather could not be measured, the rounds skipped its whole partition, and the
+# LayerNorm after it, generated kernels only, had no cost when the final solve came.
 UNMEASURED_PENALTY_US = 1e9
+
+
+def with_unmeasured_penalty(cands: Sequence[Candidate], costs: Sequence[float]) -> list[float]:
+    """``costs`` with every non-finite cost of a candidate onnxruntime can run at
+    ``UNMEASURED_PENALTY_US`` (Note [Unmeasurable partitions])."""
+    return [UNMEASURED_PENALTY_US if not math.isfinite(x) and "ort" in c.backends else x for c, x in zip(cands, costs)]
 
 
 @dataclasses.dataclass
@@ -59,10 +68,7 @@ def solve_partitions(
         try:
             orch = solve(graph, part, [c.kernel for c in cands], costs, time_limit_s=time_limit_s)
         except OrchestrationError as e:
-            penal = [
-                UNMEASURED_PENALTY_US if not math.isfinite(x) and "ort" in c.backends else x
-                for c, x in zip(cands, costs)
-            ]
+            penal = with_unmeasured_penalty(cands, costs)
             if penal == costs:
                 raise
             log.warning(

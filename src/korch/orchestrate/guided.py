@@ -527,6 +527,7 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
     """One round: the BLP of every partition on optimistic costs; the unmeasured kernels
     it chooses (and their near rivals, ``Settings.guided_rivals``)."""
     from korch.orchestrate import OrchestrationError, solve
+    from korch.orchestrate.choose import with_unmeasured_penalty
 
     g, s = ctx.graph, ctx.settings
     factor = s.guided_rival_factor
@@ -554,10 +555,17 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
         try:
             orch = solve(g, part, [c.kernel for c in cands], costs, time_limit_s=s.blp_time_limit_s)
         except OrchestrationError:
-            # every candidate writing some output failed its measurement: nothing
-            # here is worth measuring; the final solve runs that part on
-            # onnxruntime (Note [Unmeasurable partitions] in orchestrate/choose.py)
-            continue
+            # every candidate writing some output failed its measurement: the final
+            # solve runs that part on onnxruntime at a penalty (Note [Unmeasurable
+            # partitions] in orchestrate/choose.py); solved the same way here, so that
+            # what the rest of the partition would use is measured
+            penal = with_unmeasured_penalty(cands, costs)
+            if penal == costs:
+                continue
+            try:
+                orch = solve(g, part, [c.kernel for c in cands], penal, time_limit_s=s.blp_time_limit_s)
+            except OrchestrationError:
+                continue
         if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
             # Note [Guided tolerance]: close enough to what is measured already
             measured_costs = [known[c.hash] if known[c.hash] is not None else math.inf for c in cands]

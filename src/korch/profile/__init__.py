@@ -15,7 +15,10 @@ from korch.profile.worker import Job, JobResult, WorkerPool
 
 # 2: inputs 64-byte aligned when timing (random_inputs), so generated kernels are
 # timed without a staging copy; measurements of version 1 are not reused
-KORCH_MEASURE_VERSION = "2"
+# 3: integer inputs an opaque operator reads as positions are drawn within the axis
+# they index (Note [Index operands] in korch.ir.opaque), so those kernels measure
+# where version 2 recorded a failure that a database would keep
+KORCH_MEASURE_VERSION = "3"
 
 
 @dataclasses.dataclass

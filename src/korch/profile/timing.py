@@ -19,6 +19,7 @@ def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -
     and the generated kernels' outputs): a misaligned argument would add a staging
     copy to a generated kernel's measured time, at random (Note [TVM buffer alignment])."""
     rng = np.random.default_rng(seed)
+    bounds = _index_bounds(kgraph)
     out = []
     for name, nid in kgraph.inputs.items():
         node = kgraph.nodes[nid]
@@ -27,10 +28,28 @@ def random_inputs(kgraph: Graph, consts: dict[str, np.ndarray], seed: int = 0) -
         elif node.dtype == "bool":
             a = rng.random(node.shape) < 0.5
         elif np.issubdtype(np.dtype(node.dtype), np.integer):
-            a = rng.integers(0, 4, node.shape).astype(node.dtype)
+            # positions an opaque operator reads stay within its axis (Note [Index operands])
+            a = rng.integers(0, max(1, min(4, bounds.get(nid, 4))), node.shape).astype(node.dtype)
         else:
             a = rng.standard_normal(node.shape).astype(node.dtype)
         out.append(aligned_copy(a))
+    return out
+
+
+def _index_bounds(kgraph: Graph) -> dict[int, int]:
+    """Kernel inputs read as positions by an opaque operator: the smallest axis size
+    they index (``korch.ir.opaque.index_bounds``, Note [Index operands])."""
+    from korch.ir.opaque import index_bounds
+
+    inputs = set(kgraph.inputs.values())
+    out: dict[int, int] = {}
+    for node in kgraph.nodes:
+        if node.op is not Op.OPAQUE or not inputs.intersection(node.inputs):
+            continue
+        for pos, size in index_bounds(node, [kgraph.nodes[i].shape for i in node.inputs]).items():
+            src = node.inputs[pos]
+            if src in inputs:
+                out[src] = min(out.get(src, size), size)
     return out
 
 

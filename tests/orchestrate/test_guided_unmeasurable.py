@@ -1,0 +1,79 @@
+"""Note [Unmeasurable partitions] in the guided profiling rounds: a partition with a
+kernel that cannot be measured still gets the rest of its kernels measured, so the
+final solve has a plan for it (issue 26: roberta's token-type Gather)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import korch
+import korch.profile
+from korch.config import Settings
+from korch.ir import Op
+from korch.orchestrate.choose import UNMEASURED_PENALTY_US
+from korch.profile.db import Measurement
+
+
+def _embedding_layernorm() -> onnx.ModelProto:
+    """A data-dependent Gather (opaque) and a LayerNorm (generated kernels only, and no
+    library region: the graph has no linear primitive)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["x"]),
+        helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "table"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "gamma"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "beta"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "embedding_layernorm",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kernel(tmp_path, monkeypatch):
+    real = korch.profile.profile
+
+    def opaque_kernels_fail(workloads, db, target, settings, progress=True, pool=None):
+        bad = [w for w in workloads if any(n.op is Op.OPAQUE for n in w.kgraph.nodes)]
+        bad_ids = {id(w) for w in bad}
+        results, stats = real([w for w in workloads if id(w) not in bad_ids], db, target, settings, progress, pool)
+        for w in bad:
+            for b in w.backends:
+                results[(w.hash, b)] = Measurement(w.hash, target, b, w.config, "", "failed", None, error="test")
+        return results, stats
+
+    monkeypatch.setattr(korch.profile, "profile", opaque_kernels_fail)
+    settings = Settings(
+        db_path=str(tmp_path / "results.db"),
+        progress=False,
+        warmup=1,
+        repeat=3,
+        min_repeat_ms=0.2,
+        num_threads=1,
+        library_regions=0,
+        region_bias=(),  # the BLP's plan ships: the one this test is about
+    )
+    model = _embedding_layernorm()
+    compiled = korch.optimize(model, settings=settings)  # raised OrchestrationError before
+    r = compiled.report
+    assert r["unmeasured_partitions"] == [0]
+    steps = compiled.executable.steps
+    assert {s.backend for s in steps} >= {"ort", "tvm"}, [s.backend for s in steps]
+    assert 0 < r["predicted_latency_us"] - UNMEASURED_PENALTY_US < UNMEASURED_PENALTY_US  # one penalised kernel
+    feeds = {"ids": np.random.default_rng(1).integers(0, 16, (1, 8)).astype(np.int64)}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = sess.run(None, feeds)
+    got = compiled(feeds)["y"]
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want))
