@@ -69,7 +69,7 @@ def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kern
     compiled = korch.optimize(model, settings=settings)  # raised OrchestrationError before
     r = compiled.report
     assert r["unmeasured_partitions"] == [0]
-    steps = compiled.executable.steps
+    steps = compiled.executable.kernel_steps()  # a native segment's kernels one by one
     assert {s.backend for s in steps} >= {"ort", "tvm"}, [s.backend for s in steps]
     assert 0 < r["predicted_latency_us"] - UNMEASURED_PENALTY_US < UNMEASURED_PENALTY_US  # one penalised kernel
     feeds = {"ids": np.random.default_rng(1).integers(0, 16, (1, 8)).astype(np.int64)}
