@@ -27,10 +27,13 @@ import subprocess
 import sys
 import time
 
+# (korch sets OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=10000 unless they are set;
+# an empty value here removes the variable, so korch's default applies)
 POLICIES = {
-    "passive (korch's default)": {"OMP_WAIT_POLICY": "PASSIVE"},
-    "spin 10k": {"GOMP_SPINCOUNT": "10000"},
-    "spin 300k (libgomp's default)": {"GOMP_SPINCOUNT": "300000"},
+    "passive, no spin": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"},
+    "passive, spin 2k": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "2000"},
+    "passive, spin 10k (korch's default)": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""},
+    "passive, spin 300k (libgomp's own default count)": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"},
 }
 
 
