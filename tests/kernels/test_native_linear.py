@@ -33,8 +33,10 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(2, 32, 20, 20), w_shape=(64, 32, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=1, relu=True),
         dict(x_shape=(1, 48, 33, 31), w_shape=(48, 1, 5, 5), strides=(2, 2), pads=(2, 2, 2, 2), group=48, bias=True),
         dict(x_shape=(1, 32, 17, 19), w_shape=(32, 8, 3, 3), strides=(1, 2), pads=(0, 1, 2, 1), group=4, dil=(2, 1)),
+        # rows narrower than the kernel: no column has all three taps inside
+        dict(x_shape=(2, 6, 5, 2), w_shape=(6, 1, 3, 3), strides=(1, 1), pads=(1, 2, 0, 1), group=6, bias=True),
     ],
-    ids=["3x3_bias", "1x1_relu", "depthwise_5x5_s2", "grouped_dilated"],
+    ids=["3x3_bias", "1x1_relu", "depthwise_5x5_s2", "grouped_dilated", "depthwise_3x3_narrow"],
 )
 def test_conv_split(case, tmp_path):
     kg, consts = kernel_of(conv_graph(**case))

@@ -242,6 +242,13 @@ struct Linear {
       lo[kx] = std::min(wo, shift[kx] >= 0 ? 0 : (-shift[kx] + sw - 1) / sw);
       hi[kx] = std::max(lo[kx], std::min(wo, (w - 1 - shift[kx]) >= 0 ? (w - 1 - shift[kx]) / sw + 1 : 0));
     }
+    // the common 3-wide, stride-1, undilated case: [L3, H3) where all three taps are in
+    const bool fast3 = kw == 3 && sw == 1 && dw == 1;
+    int64_t L3 = 0, H3 = 0;
+    if (fast3) {
+      L3 = std::max({lo[0], lo[1], lo[2]});
+      H3 = std::max(L3, std::min({hi[0], hi[1], hi[2]}));
+    }
     for (int64_t oy = 0; oy < ho; ++oy) {
       float* __restrict yr = y + oy * wo;
       for (int64_t ox = 0; ox < wo; ++ox) yr[ox] = 0.0f;
@@ -249,6 +256,21 @@ struct Linear {
         const int64_t iy = oy * sh - pt + ky * dh;
         if (iy < 0 || iy >= h) continue;
         const float* xr = x + iy * w;
+        if (fast3) {  // 3 taps in one pass where all are inside the row, the edges tap by tap
+          const float* kr = k + ky * 3;
+          const float w0 = kr[0], w1 = kr[1], w2 = kr[2];
+          const float* __restrict a0 = xr + shift[0];
+          const float* __restrict a1 = xr + shift[1];
+          const float* __restrict a2 = xr + shift[2];
+          for (int64_t ox = L3; ox < H3; ++ox) yr[ox] += w0 * a0[ox] + w1 * a1[ox] + w2 * a2[ox];
+          for (int64_t kx = 0; kx < 3; ++kx) {
+            const float wk = kr[kx];
+            const float* xs = xr + shift[kx];
+            for (int64_t ox = lo[kx], e = std::min(hi[kx], L3); ox < e; ++ox) yr[ox] += wk * xs[ox];
+            for (int64_t ox = std::max(lo[kx], H3); ox < hi[kx]; ++ox) yr[ox] += wk * xs[ox];
+          }
+          continue;
+        }
         for (int64_t kx = 0; kx < kw; ++kx) {
           const float wk = k[ky * kw + kx];
           int64_t s0, l0, h0;
