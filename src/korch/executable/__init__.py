@@ -38,6 +38,32 @@ class Step:
     # (a baseline plan's single kernel): korch explain sets it beside the time in place
     cost_us: float | None = None
 
+    def record(self) -> dict[str, Any]:
+        """The step in plan.json (without its kernel's files or ``meta``)."""
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "workload": self.workload,
+            "nodes": list(self.nodes),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "cost_us": self.cost_us,
+        }
+
+    @staticmethod
+    def from_record(r: Mapping[str, Any], kernel: CompiledKernel | None = None, meta: dict | None = None) -> Step:
+        return Step(
+            r["name"],
+            r["backend"],
+            r["workload"],
+            tuple(r["nodes"]),
+            tuple(r["inputs"]),
+            tuple(r["outputs"]),
+            kernel,
+            meta if meta is not None else {},
+            r.get("cost_us"),
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
@@ -216,19 +242,7 @@ class Executable:
             if not members:
                 out.append(st)
                 continue
-            for m in members:
-                out.append(
-                    Step(
-                        m["name"],
-                        m["backend"],
-                        m["workload"],
-                        tuple(m["nodes"]),
-                        tuple(m["inputs"]),
-                        tuple(m["outputs"]),
-                        cost_us=m["cost_us"],
-                        meta={"segment": st.name},
-                    )
-                )
+            out += [Step.from_record(m, meta={"segment": st.name}) for m in members]
         return out
 
     def set_threads(self, num_threads: int) -> None:
@@ -343,18 +357,7 @@ class Executable:
         steps = []
         for st in self.steps:
             meta = st.kernel.save(d / "kernels", st.name)  # type: ignore[union-attr]
-            steps.append(
-                {
-                    "name": st.name,
-                    "backend": st.backend,
-                    "workload": st.workload,
-                    "nodes": list(st.nodes),
-                    "inputs": list(st.inputs),
-                    "outputs": list(st.outputs),
-                    "meta": meta,
-                    "cost_us": st.cost_us,
-                }
-            )
+            steps.append({**st.record(), "meta": meta})
         plan = {
             "version": PLAN_VERSION,
             "inputs": {k: dataclasses.asdict(v) for k, v in self.inputs.items()},
@@ -386,19 +389,7 @@ class Executable:
         steps = []
         for s in plan["steps"]:
             kernel = get_backend(s["backend"]).load(s["meta"], d / "kernels", threads)
-            steps.append(
-                Step(
-                    s["name"],
-                    s["backend"],
-                    s["workload"],
-                    tuple(s["nodes"]),
-                    tuple(s["inputs"]),
-                    tuple(s["outputs"]),
-                    kernel,
-                    s["meta"],
-                    s.get("cost_us"),
-                )
-            )
+            steps.append(Step.from_record(s, kernel, s["meta"]))
         spec = lambda v: TensorSpec(v["node"], tuple(v["shape"]), v["dtype"])  # noqa: E731
         exe = cls(
             {k: spec(v) for k, v in plan["inputs"].items()},

@@ -153,19 +153,7 @@ def build_segment(
     meta = {
         "inputs": [[list(s), d] for s, d in in_specs],
         "outputs": [[list(produced[nd][0]), produced[nd][1]] for nd in out_nodes],
-        "step_names": [st.name for st in members],
-        "members": [
-            {
-                "name": st.name,
-                "backend": st.backend,
-                "workload": st.workload,
-                "nodes": list(st.nodes),
-                "inputs": list(st.inputs),
-                "outputs": list(st.outputs),
-                "cost_us": st.cost_us,
-            }
-            for st in members
-        ],
+        "members": [st.record() for st in members],
         "arena_bytes": int(arena_bytes),
     }
     kernel = NativeSegment(lib, meta, consts)

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from korch.kernels.base import ALIGN, Backend, CompiledKernel, aligned_copy, register
-from korch.kernels.tvm.backend import buffer_address, output_layout
+from korch.kernels.base import Backend, CompiledKernel, aligned_copy, register
+from korch.kernels.tvm.backend import buffer_address, output_layout, staged_arg
 
 # what a segment step is, for the driver: ("tvm", symbol, arg slots, arg (shape, dtype)),
 # ("linear", code, arg slots)
@@ -233,7 +233,7 @@ class NativeSegment(CompiledKernel):
         self._io = (ctypes.c_void_p * max(1, len(self.inputs) + len(self.outputs)))()
         self._run = self._lib.korch_seg_run
         self._lock = threading.Lock()
-        self.step_names: list[str] = list(meta.get("step_names", []))
+        self.step_names: list[str] = [m["name"] for m in meta["members"]]
 
     def error(self) -> str:
         return self._lib.korch_last_error().decode(errors="replace")
@@ -243,13 +243,7 @@ class NativeSegment(CompiledKernel):
 
     def arg(self, i: int, x: np.ndarray) -> np.ndarray:
         """Input ``i`` as the segment takes it (C order, ALIGN-byte aligned, its dtype)."""
-        spec, dt = self.inputs[i], self._in_dtypes[i]
-        a = x if type(x) is np.ndarray else np.asarray(x)
-        if a.shape != spec.shape:
-            a = a.reshape(spec.shape)
-        if a.dtype != dt or not a.flags.c_contiguous or not a.flags.writeable or buffer_address(a) % ALIGN:
-            a = aligned_copy(np.asarray(a, dtype=dt, order="C"))
-        return a
+        return staged_arg(x, self.inputs[i].shape, self._in_dtypes[i])
 
     def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         io = self._io

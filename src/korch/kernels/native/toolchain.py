@@ -129,8 +129,7 @@ def source_hash() -> str:
 @functools.cache
 def runtime_object() -> Path:
     """``korch_rt.o`` for this machine (compiled once, then cached)."""
-    src = b"".join((HERE / s).read_bytes() for s in SOURCES)
-    dest = cache_dir() / f"korch_rt-{_key(src, compiler_id(), *CXXFLAGS, *include_flags())}.o"
+    dest = cache_dir() / f"korch_rt-{_key(source_hash(), compiler_id(), *CXXFLAGS, *include_flags())}.o"
     if not dest.exists():
         fd, tmp = tempfile.mkstemp(suffix=".o", dir=dest.parent)
         os.close(fd)

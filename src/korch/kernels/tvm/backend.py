@@ -122,6 +122,23 @@ def carve_outputs(layout: tuple, total: int) -> list[np.ndarray]:
     return [buf[base + off : base + off + nb].view(dt).reshape(sh) for sh, dt, off, nb in layout]
 
 
+def staged_arg(x: np.ndarray, shape: tuple[int, ...], dt: np.dtype) -> np.ndarray:
+    """``x`` as generated code takes it (``shape``, dtype ``dt``): the array itself when
+    it already is C-ordered, ALIGN-byte aligned, writable and of that dtype, else an
+    aligned staging copy (Note [TVM buffer alignment])."""
+    a = x if type(x) is np.ndarray else np.asarray(x)
+    if a.shape != shape:
+        a = a.reshape(shape)
+    if (
+        a.dtype != dt
+        or not a.flags.c_contiguous
+        or not a.flags.writeable  # DLPack refuses read-only arrays
+        or buffer_address(a) % ALIGN
+    ):
+        a = aligned_copy(np.asarray(a, dtype=dt, order="C"))
+    return a
+
+
 @dataclasses.dataclass(frozen=True)
 class _Spec:
     shape: tuple[int, ...]
@@ -183,18 +200,7 @@ class TvmKernel(CompiledKernel):
         """Input ``i`` as the generated code takes it: the array itself when it already
         is C-ordered, ALIGN-byte aligned, writable and of the right dtype, else an
         aligned staging copy (Note [TVM buffer alignment])."""
-        spec, dt = self.inputs[i], self._in_dtypes[i]
-        a = x if type(x) is np.ndarray else np.asarray(x)
-        if a.shape != spec.shape:
-            a = a.reshape(spec.shape)
-        if (
-            a.dtype != dt
-            or not a.flags.c_contiguous
-            or not a.flags.writeable  # DLPack refuses read-only arrays
-            or buffer_address(a) % ALIGN
-        ):
-            a = aligned_copy(np.asarray(a, dtype=dt, order="C"))
-        return a
+        return staged_arg(x, self.inputs[i].shape, self._in_dtypes[i])
 
     def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Run on ``args`` (as ``arg`` returns them) writing ``outs`` (aligned, C order,
