@@ -137,3 +137,42 @@ def test_failed_build_is_skipped_and_recorded(chain, monkeypatch):
     assert fused == steps  # the steps run from Python, as before
     (rec,) = c.records()
     assert rec["stage"] == "native" and "injected" in rec["message"]
+
+
+def test_segments_share_the_one_runtime_and_pool(chain):
+    """Note [One pool, awake for a segment]: every segment binds the one loaded
+    libkorch_rt.so (its pool and error state), not a copy of its own."""
+    import ctypes
+
+    from korch.kernels.native.toolchain import load_runtime
+
+    steps, consts, x, want = chain
+    a = fuse_native(steps, {5}, consts.get, 2)[0].kernel
+    b = fuse_native(steps[:2], {4}, consts.get, 2)[0].kernel
+    rt = load_runtime()
+    addr = lambda lib: ctypes.cast(lib.korch_pool_hold, ctypes.c_void_p).value  # noqa: E731
+    assert addr(a._lib) == addr(b._lib) == addr(rt)
+
+
+def test_segments_called_from_two_threads_at_once(chain):
+    """Two callers launch on one pool: the second runs its job on its own thread
+    (the launcher is busy) and both results are right."""
+    import threading
+
+    steps, consts, x, want = chain
+    seg = fuse_native(steps, {5}, consts.get, 2)[0].kernel
+    other = fuse_native(steps, {5}, consts.get, 2)[0].kernel  # its own statics: callable beside seg
+    errors: list[str] = []
+
+    def call(k):
+        for _ in range(30):
+            (got,) = k([x])
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+                errors.append("mismatch")
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in (seg, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -11,6 +11,9 @@ A compiled kernel saves itself into an executable's folder and loads back.
 from __future__ import annotations
 
 import abc
+import contextlib
+import ctypes
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,13 +25,22 @@ from korch.ir.graph import Graph
 ALIGN = 64  # bytes: what generated kernels assume of every buffer (Note [TVM buffer alignment])
 
 
+def buffer_address(a: np.ndarray) -> int:
+    """Data address of a writable C-contiguous array: 0.8 us, against 2-3 us for
+    ``a.ctypes.data`` or ``a.__array_interface__`` (measured here, numpy 2.4)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a)) if a.nbytes else 0
+
+
 def aligned_empty(shape: Sequence[int], dtype: str | np.dtype, align: int = ALIGN) -> np.ndarray:
     """An uninitialised C-contiguous array whose data is ``align``-byte aligned."""
+    # math.prod and one ndarray over the buffer: 3 us, against 10 us with np.prod,
+    # ``.ctypes.data`` and view+reshape (measured here, numpy 2.4)
     dt = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    shape = tuple(shape)
+    nbytes = math.prod(shape) * dt.itemsize
     buf = np.empty(max(1, nbytes) + align, dtype=np.uint8)
-    off = (-buf.ctypes.data) % align
-    return buf[off : off + nbytes].view(dt).reshape(tuple(shape))
+    off = (-ctypes.addressof(ctypes.c_char.from_buffer(buf))) % align
+    return np.ndarray(shape, dt, buf, off)
 
 
 def aligned_copy(a: np.ndarray, align: int = ALIGN) -> np.ndarray:
@@ -51,6 +63,11 @@ class CompiledKernel(abc.ABC):
 
     def set_threads(self, num_threads: int) -> None:  # noqa: B027 - optional hook
         """Run with ``num_threads`` threads from now on (Note [Runtime threads])."""
+
+    def timed(self) -> contextlib.AbstractContextManager:
+        """The state the kernel is measured in: the one it runs in in place (a native
+        kernel holds korch's pool, as the segment it will run in does)."""
+        return contextlib.nullcontext()
 
 
 class Backend(abc.ABC):

@@ -23,6 +23,7 @@ of one clear status. Resident memory is what exhausts a machine.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
@@ -113,7 +114,8 @@ def _worker_main(conn: Connection, num_threads: int, timing: tuple[int, int, flo
 
                     times = time_device_kernel(ck, args, warmup, repeat, min_ms)
                 else:
-                    times = time_kernel(ck, args, warmup, repeat, min_ms)
+                    with getattr(ck, "timed", contextlib.nullcontext)():
+                        times = time_kernel(ck, args, warmup, repeat, min_ms)
                 conn.send(("result", JobResult(key, "ok", median(times), tuple(times), "")))
             except Exception as e:  # noqa: BLE001 - recorded as a failed measurement
                 tb = traceback.format_exc(limit=1)

@@ -1,16 +1,24 @@
 // korch's native runtime (see korch_rt.h). Built once per machine by
-// korch/kernels/native/toolchain.py with the system C++ compiler, -fopenmp, against
-// the scipy-openblas32 wheel's OpenBLAS.
+// korch/kernels/native/toolchain.py with the system C++ compiler into libkorch_rt.so,
+// against the scipy-openblas32 wheel's OpenBLAS; every native segment links that one
+// library, so the process has one pool.
 #include "korch_rt.h"
 
-#include <omp.h>
+#include <immintrin.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "cblas.h"
@@ -18,12 +26,192 @@
 
 namespace {
 
-int g_threads = 0;  // 0: omp_get_max_threads()
+int g_threads = 0;  // 0: default_threads()
 std::mutex g_err_mu;
 std::string g_err;
 
 int g_serial = 0;   // korch_serial: the next TVM kernels run their parallel loops inline
-int threads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+
+int default_threads() {
+  if (const char* e = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(e);
+    if (n > 0) return n;
+  }
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int threads() { return g_threads > 0 ? g_threads : default_threads(); }
+
+// Note [One pool, awake for a segment]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// korch's own pool, in place of libgomp's. On the 2-core VM a sleeping worker took
+// 67-82 us to wake (libgomp passive, benchmarks/native_dispatch.py), and every parallel
+// kernel of a segment paid it: yolo_block's 3x3 convolutions ran 1.5-2.7x slower in
+// place than alone. libgomp's spinning pool (GOMP_SPINCOUNT) woke in 4.8 us but kept
+// spinning after the segment, against the onnxruntime kernel that ran next (0.46x
+// against 0.51x passive, end to end). So:
+// - A segment holds the pool for its run (korch_pool_hold): workers woken at its start
+//   spin between its kernels and sleep on a futex when it returns.
+// - Tasks are claimed, not assigned: a job is (generation, next task) in one atomic
+//   word, and whoever is there takes the next task. The calling thread never waits for
+//   a worker to wake; a job runs whole on it when none is awake yet.
+// - A spinning worker sleeps after SPIN_NS without a job, so a long serial stretch or
+//   a hold left open does not take a core for good.
+// TVM's parallel barrier needs every task running at once, which claiming does not
+// promise: an object asking for it is not linked (segment.py: TVM_HOOKS).
+constexpr int64_t SPIN_NS = 2000000;
+
+inline int64_t now_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+class Pool {
+ public:
+  using Fn = void (*)(void* ctx, int64_t task);
+
+  // runs fn(ctx, i) for i in [0, n) on the calling thread and whichever workers come
+  void run(Fn fn, void* ctx, int64_t n, int want) {
+    if (n <= 1 || want <= 1 || in_task_ || !launch_.try_lock()) {
+      for (int64_t i = 0; i < n; ++i) fn(ctx, i);
+      return;
+    }
+    ensure(want);
+    const uint32_t g = gen_ + 1;
+    Job& job = jobs_[g & 1];
+    job.fn.store(fn, std::memory_order_relaxed);
+    job.ctx.store(ctx, std::memory_order_relaxed);
+    job.n.store(n, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    state_.store((uint64_t)g << 32, std::memory_order_seq_cst);
+    gen_ = g;
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) wake();  // they come when they come
+    in_task_ = true;
+    const int64_t mine = work(g);
+    in_task_ = false;
+    while (done_.load(std::memory_order_acquire) < n - mine) _mm_pause();
+    launch_.unlock();
+  }
+
+  void hold(int on) {
+    if (on) {
+      if (hold_.fetch_add(1, std::memory_order_seq_cst) == 0 && sleepers_.load(std::memory_order_seq_cst) > 0)
+        wake();
+    } else {
+      hold_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  ~Pool() {
+    stop_.store(true);
+    wake();
+    for (auto& t : workers_) t.join();
+  }
+
+ private:
+  // written by the launcher before it publishes the generation; a worker that read a
+  // newer job's fields fails its claim (the generation moved on)
+  struct Job {
+    std::atomic<Fn> fn{nullptr};
+    std::atomic<void*> ctx{nullptr};
+    std::atomic<int64_t> n{0};
+  };
+
+  // claims and runs tasks of job g until none is left; returns how many it ran
+  int64_t work(uint32_t g) {
+    const Job& job = jobs_[g & 1];
+    int64_t ran = 0;
+    uint64_t s = state_.load(std::memory_order_acquire);
+    for (;;) {
+      if ((uint32_t)(s >> 32) != g || (int64_t)(s & 0xffffffffu) >= job.n.load(std::memory_order_relaxed)) return ran;
+      Fn fn = job.fn.load(std::memory_order_relaxed);
+      void* ctx = job.ctx.load(std::memory_order_relaxed);
+      if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn(ctx, (int64_t)(s & 0xffffffffu));
+      ++ran;
+      if (!in_task_) done_.fetch_add(1, std::memory_order_release);
+      s = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  void worker() {
+    uint32_t seen = (uint32_t)(state_.load() >> 32);
+    int64_t idle_since = now_ns();
+    int spins = 0;
+    for (;;) {
+      const uint32_t g = (uint32_t)(state_.load(std::memory_order_acquire) >> 32);
+      if (g != seen) {
+        seen = g;
+        work(g);
+        idle_since = now_ns();
+        continue;
+      }
+      if (stop_.load(std::memory_order_relaxed)) return;
+      if (hold_.load(std::memory_order_relaxed) > 0 && (++spins & 1023 || now_ns() - idle_since < SPIN_NS)) {
+        _mm_pause();
+        continue;
+      }
+      const uint32_t e = epoch_.load(std::memory_order_seq_cst);
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      if ((uint32_t)(state_.load(std::memory_order_seq_cst) >> 32) == seen && !stop_.load() &&
+          (hold_.load(std::memory_order_seq_cst) == 0 || now_ns() - idle_since >= SPIN_NS))
+        syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch_), FUTEX_WAIT_PRIVATE, e, nullptr, nullptr, 0);
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      idle_since = now_ns();
+    }
+  }
+
+  void wake() {
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+  }
+
+  // the pool has want - 1 workers (the caller is the last thread)
+  void ensure(int want) {
+    if ((int)workers_.size() == want - 1) return;
+    if (!workers_.empty()) {  // resized (korch_set_threads): the old workers leave first
+      stop_.store(true);
+      wake();
+      for (auto& t : workers_) t.join();
+      workers_.clear();
+      stop_.store(false);
+    }
+    for (int i = 0; i < want - 1; ++i) workers_.emplace_back([this] { worker(); });
+  }
+
+  std::atomic<uint64_t> state_{0};  // generation << 32 | next task
+  std::atomic<int64_t> done_{0};    // tasks of the current job the workers finished
+  std::atomic<uint32_t> epoch_{0};  // the futex word sleepers wait on
+  std::atomic<int> sleepers_{0};
+  std::atomic<int> hold_{0};
+  std::atomic<bool> stop_{false};
+  Job jobs_[2];
+  uint32_t gen_ = 0;  // the launcher's own copy of the generation
+  std::mutex launch_;  // one job at a time; a second launcher runs its job inline
+  std::vector<std::thread> workers_;
+  static thread_local bool in_task_;
+};
+
+thread_local bool Pool::in_task_ = false;
+
+Pool& pool() {
+  static Pool* p = new Pool();  // never destroyed: workers may outlive static destructors
+  return *p;
+}
+
+// f(t) for t in [0, n) over T threads of the pool (inline when T is 1)
+template <class F>
+void parallel_for(int64_t n, int T, F&& f) {
+  if (T <= 1 || n <= 1) {
+    for (int64_t t = 0; t < n; ++t) f(t);
+    return;
+  }
+  using Fd = std::remove_reference_t<F>;
+  pool().run([](void* c, int64_t t) { (*static_cast<Fd*>(c))(t); }, &f, n, T);
+}
 
 // Note [Serial small kernels]: waking the pool for a parallel region costs ~10 us on the
 // 2-core VM (benchmarks/native_dispatch.py, OMP_WAIT_POLICY=PASSIVE), so a kernel that
@@ -165,24 +353,23 @@ struct Linear {
     const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
     const bool rows = M >= 4 * korch_gemm::MR * parts || panels < parts;
     const int64_t tasks = batch * parts;
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-    for (int64_t t = 0; t < tasks; ++t) {
+    parallel_for(tasks, T, [&](int64_t t) {
       const int64_t bi = t / parts, p = t % parts;
       const float* Ab = A + aoff[bi];
       float* Cb = C + bi * M * N;
       if (rows) {
         const int64_t m0 = M * p / parts, m1 = M * (p + 1) / parts;
-        if (m1 <= m0) continue;
+        if (m1 <= m0) return;
         korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, m0, m1, 0, panels);
         epilogue(C, ptrs, bi * M * N + m0 * N, bi * M * N + m1 * N);
       } else {
         const int64_t q0 = panels * p / parts, q1 = panels * (p + 1) / parts;
-        if (q1 <= q0) continue;
+        if (q1 <= q0) return;
         korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, 0, M, q0, q1);
         const int64_t n0 = q0 * korch_gemm::NR, n1 = std::min(N, q1 * korch_gemm::NR);
         for (int64_t r = 0; r < M; ++r) epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1);
       }
-    }
+    });
     return 0;
   }
 
@@ -197,8 +384,7 @@ struct Linear {
     const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
     const bool rows = M >= 4 * parts || N < 16 * parts;
     const int64_t tasks = batch * parts;
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-    for (int64_t t = 0; t < tasks; ++t) {
+    parallel_for(tasks, T, [&](int64_t t) {
       const int64_t bi = t / parts, p = t % parts;
       const float* Ab = A + aoff[bi];
       const float* Bb = B + boff[bi];
@@ -225,7 +411,7 @@ struct Linear {
           for (int64_t r = 0; r < M; ++r) epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1);
         }
       }
-    }
+    });
     return 0;
   }
 
@@ -302,11 +488,10 @@ struct Linear {
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
     if (cig == 1 && cog == 1) {
       const int64_t tasks = n * co;
-#pragma omp parallel for num_threads(T) schedule(static) if (T > 1)
-      for (int64_t t = 0; t < tasks; ++t) {
+      parallel_for(tasks, T, [&](int64_t t) {
         depthwise_channel(X, W, Y, t / co, t % co);
         epilogue(Y, ptrs, t * HW, (t + 1) * HW);
-      }
+      });
       return 0;
     }
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
@@ -325,12 +510,11 @@ struct Linear {
     const bool use_packed = korch_gemm::available && b_const;
     const int64_t per = korch_gemm::packed_size(KK, cog), panels = (cog + korch_gemm::NR - 1) / korch_gemm::NR;
     const float* Wp = use_packed ? pack(W, group, cog * KK, KK, cog, 1, KK) : nullptr;
-#pragma omp parallel num_threads(T) if (T > 1)
     {
-      std::vector<float> col;
-      if (!direct) col.resize((size_t)(KK * chunk));
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < tasks; ++t) {
+      parallel_for(tasks, T, [&](int64_t t) {
+        // each thread's im2col block, kept between calls
+        static thread_local std::vector<float> col;
+        if (!direct && col.size() < (size_t)(KK * chunk)) col.resize((size_t)(KK * chunk));
         const int64_t ni = t / (group * blocks), g = (t / blocks) % group, blk = t % blocks;
         const int64_t oy0 = blk * rows_per, oy1 = std::min(ho, oy0 + rows_per);
         const int64_t p0 = oy0 * wo, p1 = oy1 * wo, np = p1 - p0;
@@ -379,7 +563,7 @@ struct Linear {
           const int64_t base = (ni * co + g * cog + o) * HW;
           epilogue(Y, ptrs, base + p0, base + p1);
         }
-      }
+      });
     }
     return err;
   }
@@ -492,17 +676,20 @@ int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task
     GroupEnv env{nullptr, 1};
     return f(0, &env, cdata);
   }
-  int rc = 0;
-#pragma omp parallel num_threads(T)
-  {
-    GroupEnv env{nullptr, (int32_t)omp_get_num_threads()};
-    const int r = f(omp_get_thread_num(), &env, cdata);
-    if (r != 0) {
-#pragma omp atomic write
-      rc = r;
-    }
-  }
-  return rc;
+  struct Launch {
+    int (*f)(int, void*, void*);
+    void* cdata;
+    GroupEnv env;
+    std::atomic<int> rc;
+  } job{f, cdata, GroupEnv{nullptr, (int32_t)T}, {0}};
+  pool().run(
+      [](void* c, int64_t t) {
+        auto* j = static_cast<Launch*>(c);
+        const int r = j->f((int)t, &j->env, j->cdata);
+        if (r != 0) j->rc.store(r, std::memory_order_relaxed);
+      },
+      &job, T, T);
+  return job.rc.load();
 }
 
 void* korch_workspace_alloc(int, int, uint64_t nbytes, int, int) { return korch_aligned_alloc((int64_t)nbytes); }
@@ -512,20 +699,6 @@ int korch_workspace_free(int, int, void* ptr) {
   return 0;
 }
 
-int korch_parallel_barrier(int, void*) {
-#pragma omp barrier
-  return 0;
-}
+void korch_pool_hold(int on) { pool().hold(on); }
 
 }  // extern "C"
-
-// TVM-generated kernels report a failed argument check through this tvm-ffi call; in a
-// native segment it lands here (the segment links with -Bsymbolic, so tvm-ffi's own,
-// when the process has it, is not the one bound).
-extern "C" void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int32_t num_parts) {
-  std::string msg = kind ? kind : "Error";
-  msg += ": ";
-  for (int32_t i = 0; i < num_parts; ++i)
-    if (parts[i]) msg += parts[i];
-  korch_set_error(msg.c_str());
-}

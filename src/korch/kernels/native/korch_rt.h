@@ -1,9 +1,10 @@
 // korch's native runtime: what a native segment (korch/kernels/native/segment.py) links
 // beside its TVM kernels, and what the native linear backend calls through ctypes.
 //
-// One thread pool: OpenMP (the compiler's libgomp). TVM's generated kernels reach it
-// through the __TVMBackendParallelLaunch pointer that korch_bind_tvm sets; the linear
-// kernels split their work over the same threads and call OpenBLAS single-threaded.
+// One thread pool, korch's own (Note [One pool, awake for a segment] in korch_rt.cc).
+// TVM's generated kernels reach it through the __TVMBackendParallelLaunch pointer a
+// segment's init sets; the linear kernels split their work over the same threads and
+// call OpenBLAS single-threaded.
 #pragma once
 #include <cstdint>
 
@@ -24,7 +25,9 @@ void* korch_aligned_alloc(int64_t nbytes);
 void korch_aligned_free(void* p);
 // runs f(task, env, cdata) on num_task (0: all) pool threads; TVM's parallel-launch ABI
 int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task);
-int korch_parallel_barrier(int task, void* env);
+// while held (nested holds count), the pool's workers spin between jobs instead of
+// sleeping; a segment holds it for its run
+void korch_pool_hold(int on);
 // 1: TVM kernels run their parallel loops on the calling thread (Note [Serial small kernels])
 void korch_serial(int on);
 // TVM's workspace ABI (a kernel's scratch buffers)

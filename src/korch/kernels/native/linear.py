@@ -26,6 +26,7 @@ product, say) gets store steps that copy the value at their point of the chain.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -145,15 +146,16 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
 
 @functools.cache
 def runtime() -> ctypes.CDLL:
-    from korch.kernels.native.toolchain import runtime_library
+    from korch.kernels.native.toolchain import load_runtime
 
-    lib = ctypes.CDLL(str(runtime_library()))
+    lib = load_runtime()
     lib.korch_linear_create.restype = ctypes.c_void_p
     lib.korch_linear_create.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.korch_linear_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.korch_linear_free.argtypes = [ctypes.c_void_p]
     lib.korch_last_error.restype = ctypes.c_char_p
     lib.korch_set_threads.argtypes = [ctypes.c_int]
+    lib.korch_pool_hold.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -182,6 +184,17 @@ class NativeLinearKernel(CompiledKernel):
         h = getattr(self, "_handle", None)
         if h is not None and h.value:
             self._lib.korch_linear_free(h)
+
+    @contextlib.contextmanager
+    def timed(self):
+        # Note [One pool, awake for a segment] in korch_rt.cc: in place, the kernel runs in
+        # a segment that holds the pool, its workers spinning; measured alone without the
+        # hold, each call would find them asleep and run mostly on one thread
+        self._lib.korch_pool_hold(1)
+        try:
+            yield
+        finally:
+            self._lib.korch_pool_hold(0)
 
     def set_threads(self, num_threads: int) -> None:
         self._lib.korch_set_threads(int(num_threads))

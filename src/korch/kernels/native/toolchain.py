@@ -12,10 +12,13 @@ the same file at once (measurement workers) do not see a half-written one.
 Note [Native flags]
 ~~~~~~~~~~~~~~~~~~~
 ``-O3 -march=native``: the code runs where it is built (the cache key holds the host
-CPU's flags through the compiler's ``-march=native`` expansion). ``-fopenmp`` gives the
-one thread pool. ``-Wl,-Bsymbolic`` binds a segment's references to its own runtime
-copy, never to a same-named symbol another library put in the process first (tvm-ffi's
-``TVMFFIErrorSetRaisedFromCStrParts``, say). ``-fno-math-errno`` lets loops over
+CPU's flags through the compiler's ``-march=native`` expansion). ``-pthread``: the
+runtime's pool is its own (Note [One pool, awake for a segment] in korch_rt.cc), and
+there is one per process because every segment links the one ``libkorch_rt.so``
+(soname ``RUNTIME_SONAME``, loaded first by ``load_runtime``) instead of a copy of it.
+``-Wl,-Bsymbolic`` binds a segment's references to what it defines itself, never to a
+same-named symbol another library put in the process first (tvm-ffi's
+``TVMFFIErrorSetRaisedFromCStrParts``, which the driver defines). ``-fno-math-errno`` lets loops over
 ``exp``/``tanh`` vectorize; no ``-ffast-math``, whose NaN and max/min rules differ from
 onnxruntime's.
 """
@@ -32,7 +35,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = ("korch_rt.h", "korch_gemm.h", "korch_rt.cc")
-CXXFLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17", "-fno-math-errno"]
+CXXFLAGS = ["-O3", "-march=native", "-pthread", "-fPIC", "-std=c++17", "-fno-math-errno"]
+# the runtime's C ABI version (korch_rt.h): a segment saved by another korch binds to
+# the runtime loaded now through this name, so a change to the ABI changes the name
+RUNTIME_SONAME = "libkorch_rt.so.2"
 
 
 class NativeBuildError(RuntimeError):
@@ -146,9 +152,21 @@ def runtime_library() -> Path:
     if not dest.exists():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=dest.parent)
         os.close(fd)
-        run_compiler(["-shared", "-fopenmp", str(obj), "-o", tmp, *link_flags()], "libkorch_rt.so")
+        run_compiler(
+            ["-shared", "-pthread", str(obj), "-o", tmp, f"-Wl,-soname,{RUNTIME_SONAME}", *link_flags()],
+            "libkorch_rt.so",
+        )
         _publish(Path(tmp), dest)
     return dest
+
+
+@functools.cache
+def load_runtime():
+    """The runtime, loaded once with its symbols global, so that every segment's
+    ``libkorch_rt.so`` dependency (by soname) is this one library and pool."""
+    import ctypes
+
+    return ctypes.CDLL(str(runtime_library()), mode=ctypes.RTLD_GLOBAL)
 
 
 def link_shared(source: str, objects: list[Path], out: Path) -> Path:
@@ -166,9 +184,10 @@ def link_shared(source: str, objects: list[Path], out: Path) -> Path:
                 "-shared",
                 str(src),
                 *map(str, objects),
-                str(runtime_object()),
+                str(runtime_library()),
                 "-o",
                 str(lib),
+                f"-Wl,-rpath,{runtime_library().parent}",
                 *link_flags(),
             ],
             "native segment",

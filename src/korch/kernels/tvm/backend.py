@@ -21,7 +21,6 @@ the pool when the count changes.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import math
@@ -35,7 +34,7 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import GroupOp
-from korch.kernels.base import ALIGN, Backend, CompiledKernel, aligned_copy, register
+from korch.kernels.base import ALIGN, Backend, CompiledKernel, aligned_copy, buffer_address, register
 from korch.kernels.tvm.tiling import TileConfig, default_tile_config
 
 _state: dict[str, Any] = {"threads": None}
@@ -63,12 +62,6 @@ def set_tvm_threads(num_threads: int) -> None:
         tvm = import_tvm()
         tvm.get_global_func("runtime.config_threadpool")(1, num_threads)
         _state["threads"] = num_threads
-
-
-def buffer_address(a: np.ndarray) -> int:
-    """Data address of a writable C-contiguous array: 0.8 us, against 2-3 us for
-    ``a.ctypes.data`` or ``a.__array_interface__`` (measured here, numpy 2.4)."""
-    return ctypes.addressof(ctypes.c_char.from_buffer(a)) if a.nbytes else 0
 
 
 def _from_dlpack(a: np.ndarray):
