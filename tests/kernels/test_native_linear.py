@@ -35,8 +35,21 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 32, 17, 19), w_shape=(32, 8, 3, 3), strides=(1, 2), pads=(0, 1, 2, 1), group=4, dil=(2, 1)),
         # rows narrower than the kernel: no column has all three taps inside
         dict(x_shape=(2, 6, 5, 2), w_shape=(6, 1, 3, 3), strides=(1, 1), pads=(1, 2, 0, 1), group=6, bias=True),
+        # KK = 40 * 9 > KC: the panel-packed conv accumulates over two K blocks; 21 columns:
+        # one full 16-pixel panel and one of 5 (Note [Panel-packed convolution])
+        dict(x_shape=(1, 40, 12, 21), w_shape=(20, 40, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
+        # rows with all three kernel rows inside summed in registers, the border rows tap by tap
+        dict(x_shape=(1, 24, 19, 21), w_shape=(24, 1, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=24, bias=True),
     ],
-    ids=["3x3_bias", "1x1_relu", "depthwise_5x5_s2", "grouped_dilated", "depthwise_3x3_narrow"],
+    ids=[
+        "3x3_bias",
+        "1x1_relu",
+        "depthwise_5x5_s2",
+        "grouped_dilated",
+        "depthwise_3x3_narrow",
+        "3x3_two_k_blocks",
+        "depthwise_3x3_rows",
+    ],
 )
 def test_conv_split(case, tmp_path):
     kg, consts = kernel_of(conv_graph(**case))

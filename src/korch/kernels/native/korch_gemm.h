@@ -36,20 +36,24 @@ inline void pack_b(const float* B, int64_t K, int64_t N, int64_t bk, int64_t bn,
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool available = true;
 
-// tmp[MR x NR] = A(rows, kc) @ Bp(kc, NR); rows past mr repeat the last (discarded)
-inline void micro(int64_t kc, const float* A, int64_t ars, int64_t acs, int64_t mr, const float* Bp, float* tmp) {
+// tmp[MR x NR] = A(rows, kc) @ Bp(kc, NR), A(i, k) = A[i * ars + off(k)]; rows past mr
+// repeat the last (discarded)
+template <class Off>
+inline void micro_at(int64_t kc, const float* A, int64_t ars, Off off, int64_t mr, const float* Bp, float* tmp,
+                     bool acc = false) {
   const float* r0 = A;
   const float* r1 = A + std::min<int64_t>(1, mr - 1) * ars;
   const float* r2 = A + std::min<int64_t>(2, mr - 1) * ars;
   const float* r3 = A + std::min<int64_t>(3, mr - 1) * ars;
   const float* r4 = A + std::min<int64_t>(4, mr - 1) * ars;
   const float* r5 = A + std::min<int64_t>(5, mr - 1) * ars;
-  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps(), c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps(), c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps(), c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  // acc: add to what tmp holds (a tile summed over blocks of K)
+  auto init = [&](int i) { return acc ? _mm256_load_ps(tmp + 8 * i) : _mm256_setzero_ps(); };
+  __m256 c00 = init(0), c01 = init(1), c10 = init(2), c11 = init(3), c20 = init(4), c21 = init(5);
+  __m256 c30 = init(6), c31 = init(7), c40 = init(8), c41 = init(9), c50 = init(10), c51 = init(11);
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(Bp + k * NR), b1 = _mm256_loadu_ps(Bp + k * NR + 8);
-    const int64_t o = k * acs;
+    const int64_t o = off(k);
     __m256 a = _mm256_broadcast_ss(r0 + o);
     c00 = _mm256_fmadd_ps(a, b0, c00);
     c01 = _mm256_fmadd_ps(a, b1, c01);
@@ -81,6 +85,11 @@ inline void micro(int64_t kc, const float* A, int64_t ars, int64_t acs, int64_t 
   _mm256_storeu_ps(tmp + 72, c41);
   _mm256_storeu_ps(tmp + 80, c50);
   _mm256_storeu_ps(tmp + 88, c51);
+}
+
+// A(i, k) = A[i * ars + k * acs]
+inline void micro(int64_t kc, const float* A, int64_t ars, int64_t acs, int64_t mr, const float* Bp, float* tmp) {
+  micro_at(kc, A, ars, [acs](int64_t k) { return k * acs; }, mr, Bp, tmp);
 }
 
 // C(i, j) = A(i, :) @ B(:, j) for rows [m0, m1) and panels [p0, p1), where
