@@ -176,3 +176,36 @@ def test_segments_called_from_two_threads_at_once(chain):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_call_holds_the_pool_through_short_steps_between_segments(chain):
+    """Note [Holding the pool through a call]: held from the start when the first step
+    is a segment, through a short step of another library between segments, let go
+    around a long one; no hold is left after a call, nor after one that raised."""
+    from korch.kernels.library.numpy_blas import NumpyBackend  # noqa: F401 - registers numpy
+    from korch.kernels.native.toolchain import load_runtime
+
+    steps, consts, x, want = chain
+    b = GraphBuilder()
+    y = b.add(Op.MATMUL, [b.input("a", (256, 384), "float32"), b.const(consts[2], name="w")])
+    y = b.binary(Op.ADD, y, b.const(consts[3], name="bias"))
+    y = b.add(Op.MAX, [y, b.scalar(0.0, y)])
+    b.output("y", y)
+    kg, kc = one_kernel(b.graph)
+    rt = load_runtime()
+    for cost, pattern in ((10.0, [0, 0, 0]), (500.0, [0, -1, 1])):
+        numpy_step = Step(
+            "k1", "numpy", "w1", (4,), (1, 2, 3), (4,), get_backend("numpy").build(kg, kc, 2), cost_us=cost
+        )
+        fused = fuse_native([steps[0], numpy_step, steps[2]], {5}, consts.get, 2)
+        exe = Executable(
+            {"x": TensorSpec(0, (256, 384), "float32")}, {"t": TensorSpec(5, (256, 96), "float32")}, consts, fused
+        )
+        assert exe._held_first and exe._release == pattern
+        np.testing.assert_allclose(exe({"x": x})["t"], want, rtol=1e-4, atol=1e-4)
+        assert rt.korch_pool_holds() == 0
+    from korch.errors import InputError
+
+    with pytest.raises(InputError):
+        exe({"x": x[:, :10].copy()})  # a wrong shape: the input check raises while held
+    assert rt.korch_pool_holds() == 0

@@ -170,6 +170,22 @@ def plan_arena(steps: Sequence[Step], planned: Mapping[int, int], keep: set[int]
     return offsets, total
 
 
+# Note [Holding the pool through a call]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A native segment holds korch's pool for its own run (Note [One pool, awake for a
+# segment] in korch_rt.cc). The executable holds it a little longer: from before its
+# input checks when the first step is a segment (the workers' wake-up, ~80 us on the
+# VM, overlaps them), and through a step of another library between two segments when
+# that step is short (measured cost under HOLD_THROUGH_US), so the next segment finds
+# its workers awake. Around a longer step from another library the pool is let go:
+# that step's own pool needs both cores, and a spinning worker took one of them
+# (yolo_block, onnxruntime convolutions of 80-140 us between segments: 0.82 -> 0.88 ms
+# held through). Measured, korch alone, three processes each: opaque (a 44 us TopK
+# between two segments) 0.166-0.197 -> 0.121-0.141 ms; the others within the spread.
+# KORCH_HOLD_CALL=0 turns it off.
+HOLD_THROUGH_US = 60.0
+
+
 class Executable:
     """Runs the orchestrated kernels. Call with ``{input name: array}``; returns outputs by name."""
 
@@ -201,6 +217,23 @@ class Executable:
 
         self._on_device = any(is_device_kernel(s.kernel) for s in steps)  # Note [Call overhead]
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
+        import os
+
+        self._hold = None
+        self._release = [0] * len(steps)
+        self._held_first = False
+        if os.environ.get("KORCH_HOLD_CALL", "1") == "1" and any(s.backend == "native-segment" for s in steps):
+            from korch.kernels.native.toolchain import load_runtime
+
+            self._hold = load_runtime().korch_pool_hold
+            seg = [s.backend == "native-segment" for s in steps]
+            held = [
+                seg[i] or (s.cost_us is not None and s.cost_us < HOLD_THROUGH_US and any(seg[:i]) and any(seg[i + 1 :]))
+                for i, s in enumerate(steps)
+            ]
+            # per step: 1 take the hold before it, -1 drop it before it, 0 nothing
+            self._release = [int(h) - int(prev) for h, prev in zip(held, [held[0]] + held[:-1])]
+            self._held_first = held[0]
 
     def _plan_memory(self, keep: set[int]) -> None:
         """Note [Static memory plan]."""
@@ -341,11 +374,28 @@ class Executable:
         runner = self.device_runner()
         if runner is not None:
             return runner(feeds)
+        hold = self._hold
+        if hold is None:
+            return self._run(feeds, [False])
+        held = [self._held_first]  # whether this call holds the pool now
+        if held[0]:
+            hold(1)
+        try:
+            return self._run(feeds, held)
+        finally:
+            if held[0]:
+                hold(0)
+
+    def _run(self, feeds: Mapping[str, Any], held: list[bool]) -> dict[str, np.ndarray]:
         env = self.check_inputs(feeds)
         env.update(self.consts)
         arena = self._arena()
-        for step, free, fast in zip(self.steps, self.free_after, self._fast):
+        hold = self._hold
+        for step, free, fast, release in zip(self.steps, self.free_after, self._fast, self._release):
             k = step.kernel
+            if release:  # Note [Holding the pool through a call]
+                held[0] = release > 0
+                hold(int(held[0]))
             if fast is None:
                 outs = k([env[i] for i in step.inputs])  # type: ignore[misc]
             else:  # Note [Static memory plan]

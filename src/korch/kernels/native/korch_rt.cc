@@ -105,6 +105,8 @@ class Pool {
     }
   }
 
+  int holds() const { return hold_.load(); }
+
   ~Pool() {
     stop_.store(true);
     wake();
@@ -798,5 +800,7 @@ int korch_workspace_free(int, int, void* ptr) {
 }
 
 void korch_pool_hold(int on) { pool().hold(on); }
+
+int korch_pool_holds() { return pool().holds(); }
 
 }  // extern "C"

@@ -28,6 +28,8 @@ int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task
 // while held (nested holds count), the pool's workers spin between jobs instead of
 // sleeping; a segment holds it for its run
 void korch_pool_hold(int on);
+// the holds taken and not yet given back (tests)
+int korch_pool_holds();
 // 1: TVM kernels run their parallel loops on the calling thread (Note [Serial small kernels])
 void korch_serial(int on);
 // TVM's workspace ABI (a kernel's scratch buffers)
