@@ -5,10 +5,9 @@ kernel's own work is tens of ns) and times one segment call from Python:
 
 - ``serial``: N kernels too small to be parallel; (t(N) - t(1)) / (N - 1) is the cost
   of one more kernel inside a segment (its C++ call, TVM's argument checks, the work);
-- ``parallel``: N kernels of 256 KB (above SERIAL_BYTES) with a parallel outer loop, so each is an OpenMP
-  parallel region: the same difference adds the pool's wake-up per kernel, which is
-  what ``OMP_WAIT_POLICY``/``GOMP_SPINCOUNT`` change (each policy runs in a process of
-  its own, since libgomp reads them when it loads);
+- ``parallel``: N kernels of 256 KB (above SERIAL_BYTES) with a parallel outer loop, so each is a
+  job on korch's pool: the same difference adds a job's hand-off to the pool's workers,
+  which spin while the segment holds the pool (Note [One pool, awake for a segment]);
 - the Python step loop for the same kernels run one by one through TVM's runtime, for
   comparison.
 
@@ -27,13 +26,9 @@ import subprocess
 import sys
 import time
 
-# korch sets OMP_WAIT_POLICY=PASSIVE unless it is set; an explicit GOMP_SPINCOUNT
-# overrides the passive policy's zero spin in libgomp (an empty value: unset)
+# each configuration runs in a process of its own (an empty value: unset)
 POLICIES = {
-    "passive, no spin (korch's default)": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": ""},
-    "passive, spin 2k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "2000"},
-    "passive, spin 10k": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"},
-    "passive, spin 300k (libgomp's own default count)": {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "300000"},
+    "korch's pool, held per segment": {},
 }
 
 
@@ -113,7 +108,7 @@ def main() -> None:
         rows.append((name, json.loads(proc.stdout.strip().splitlines()[-1]), None))
     print(f"per-kernel dispatch, {args.kernels} chained kernels, {args.threads} threads, us (median of 7 blocks)\n")
     print(
-        "| OpenMP wait policy | serial: in a segment | serial: Python loop | parallel: in a segment "
+        "| pool | serial: in a segment | serial: Python loop | parallel: in a segment "
         "| parallel: Python loop (TVM pool) | one segment call |"
     )
     print("|---|---|---|---|---|---|")
