@@ -201,7 +201,7 @@ def test_a_call_holds_the_pool_through_short_steps_between_segments(chain):
         exe = Executable(
             {"x": TensorSpec(0, (256, 384), "float32")}, {"t": TensorSpec(5, (256, 96), "float32")}, consts, fused
         )
-        assert exe._held_first and exe._release == pattern
+        assert exe._held_first and exe._hold_steps == pattern
         np.testing.assert_allclose(exe({"x": x})["t"], want, rtol=1e-4, atol=1e-4)
         assert rt.korch_pool_holds() == 0
     from korch.errors import InputError

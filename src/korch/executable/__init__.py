@@ -126,6 +126,12 @@ def plan_buffers(steps: Sequence[Step], keep: set[int], sizes: Mapping[int, int]
 # planned step that come from an unplanned one are checked as before (``arg``).
 ARENA_ALIGN = ALIGN
 
+
+def _slot_bytes(nbytes: int) -> int:
+    """A tensor's slot in the arena: its bytes (at least one) rounded up to ARENA_ALIGN."""
+    return -(-max(1, nbytes) // ARENA_ALIGN) * ARENA_ALIGN
+
+
 # Note [Input staging]
 # ~~~~~~~~~~~~~~~~~~~~
 # A graph input that a generated kernel reads must be ALIGN-byte aligned, and numpy's
@@ -157,7 +163,7 @@ def plan_arena(steps: Sequence[Step], planned: Mapping[int, int], keep: set[int]
     offsets: dict[int, int] = {}
     total = 0
     for n in sorted(planned, key=lambda n: (produced[n], n)):
-        start, size = produced[n], -(-max(1, planned[n]) // ARENA_ALIGN) * ARENA_ALIGN
+        start, size = produced[n], _slot_bytes(planned[n])
         live = [blk for blk in live if blk[2] >= start]
         off = 0
         for o, sz, _ in sorted(live):
@@ -184,6 +190,20 @@ def plan_arena(steps: Sequence[Step], planned: Mapping[int, int], keep: set[int]
 # between two segments) 0.166-0.197 -> 0.121-0.141 ms; the others within the spread.
 # KORCH_HOLD_CALL=0 turns it off.
 HOLD_THROUGH_US = 60.0
+
+
+def held_steps(steps: Sequence[Step]) -> list[bool]:
+    """Per step, whether the call holds korch's pool during it (Note [Holding the pool
+    through a call]); all False without native segments or with KORCH_HOLD_CALL=0."""
+    import os
+
+    seg = [s.backend == "native-segment" for s in steps]
+    if os.environ.get("KORCH_HOLD_CALL", "1") != "1" or not any(seg):
+        return [False] * len(steps)
+    return [
+        seg[i] or (s.cost_us is not None and s.cost_us < HOLD_THROUGH_US and any(seg[:i]) and any(seg[i + 1 :]))
+        for i, s in enumerate(steps)
+    ]
 
 
 class Executable:
@@ -217,23 +237,14 @@ class Executable:
 
         self._on_device = any(is_device_kernel(s.kernel) for s in steps)  # Note [Call overhead]
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
-        import os
-
-        self._hold = None
-        self._release = [0] * len(steps)
-        self._held_first = False
-        if os.environ.get("KORCH_HOLD_CALL", "1") == "1" and any(s.backend == "native-segment" for s in steps):
+        self._hold, self._held_first, self._hold_steps = None, False, [0] * len(steps)
+        held = held_steps(steps)
+        if any(held):
             from korch.kernels.native.toolchain import load_runtime
 
-            self._hold = load_runtime().korch_pool_hold
-            seg = [s.backend == "native-segment" for s in steps]
-            held = [
-                seg[i] or (s.cost_us is not None and s.cost_us < HOLD_THROUGH_US and any(seg[:i]) and any(seg[i + 1 :]))
-                for i, s in enumerate(steps)
-            ]
+            self._hold, self._held_first = load_runtime().korch_pool_hold, held[0]
             # per step: 1 take the hold before it, -1 drop it before it, 0 nothing
-            self._release = [int(h) - int(prev) for h, prev in zip(held, [held[0]] + held[:-1])]
-            self._held_first = held[0]
+            self._hold_steps = [int(h) - int(prev) for h, prev in zip(held, [held[0], *held[:-1]])]
 
     def _plan_memory(self, keep: set[int]) -> None:
         """Note [Static memory plan]."""
@@ -269,10 +280,7 @@ class Executable:
             if s.node in self._align_inputs:
                 self._stage_offsets[s.node] = end
                 self._arena_specs.setdefault(s.node, (tuple(s.shape), np.dtype(s.dtype)))
-                end += (
-                    -(-max(1, int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize) // ARENA_ALIGN)
-                    * ARENA_ALIGN
-                )
+                end += _slot_bytes(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize)
         self._buf_bytes = end
         self._local = threading.local()
 
@@ -391,10 +399,10 @@ class Executable:
         env.update(self.consts)
         arena = self._arena()
         hold = self._hold
-        for step, free, fast, release in zip(self.steps, self.free_after, self._fast, self._release):
+        for step, free, fast, change in zip(self.steps, self.free_after, self._fast, self._hold_steps):
             k = step.kernel
-            if release:  # Note [Holding the pool through a call]
-                held[0] = release > 0
+            if change:  # Note [Holding the pool through a call]
+                held[0] = change > 0
                 hold(int(held[0]))
             if fast is None:
                 outs = k([env[i] for i in step.inputs])  # type: ignore[misc]
