@@ -58,7 +58,9 @@ def _exp_bound(x):
 
 def _exp_reduced(x, xc, n):
     def result(r):
-        p = _poly(r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1])
+        p = _poly(
+            r, [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1]
+        )
         p = p * r * r + r + _c(1.0)
         bits = (n.astype("int32") + tirx.const(126, "int32")) << tirx.const(23, "int32")
         y = p * tirx.reinterpret(F32, bits) * _c(2.0)
