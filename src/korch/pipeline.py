@@ -112,14 +112,19 @@ def step_partition(ctx: Context) -> None:
 # Note [One thread pool]
 # ~~~~~~~~~~~~~~~~~~~~~~
 # With native segments (Settings.native), generated and native linear kernels share
-# one OpenMP pool. numpy's OpenBLAS and torch bring pools of their own, whose workers
+# korch's pool. numpy's OpenBLAS and torch bring pools of their own, whose workers
 # spin after each call on the same two cores: an attention executable with four numpy
-# MatMuls between native segments took 36 ms instead of 0.8 ms. The native backend
-# runs the same OpenBLAS GEMM single-threaded inside the shared pool's tasks, so where
-# it takes a kernel, numpy and torch are not candidates. onnxruntime stays: its
-# sessions do not spin when they run beside other kernels (Note [No spinning thread
-# pools]), and its convolutions are often the fastest.
-POOLED_OUT = frozenset({"numpy", "torch"})
+# MatMuls between native segments took 36 ms instead of 0.8 ms. onnxruntime's sessions
+# do not spin beside other kernels (Note [No spinning thread pools]), so each call
+# wakes a sleeping pool instead: in place, segformer_block's onnxruntime MatMuls and
+# Convs took 46-89 us more than measured alone, its native kernels 0.9-1.1x (Note [A
+# step outside the segments]). Where the native backend takes a linear kernel, none
+# of the three is a candidate, and the plan runs as few segments as the opaque
+# kernels allow: composed plans of the six test models went from 0.563x to 0.755x the
+# best peer (geomean; attention, candy, mlp and segformer one segment each). Charging
+# each library step 50 us instead, and letting the BLP choose, reached 0.636x: the
+# hand-off in place was larger than that, and a library kernel splits a segment.
+POOLED_OUT = frozenset({"numpy", "torch", "ort"})
 
 
 def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: bool = False) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ import numpy as np
 from korch.config import Settings
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind, canonical_hash, extract, kernel_consts, make_kernel
-from korch.orchestrate.plan import Candidate, Plan, PlanFamily
+from korch.orchestrate.plan import SEGMENT_BACKENDS, Candidate, Plan, PlanFamily
 
 log = logging.getLogger("korch")
 
@@ -366,10 +366,6 @@ def _lean_plans(inp: PlanInputs, base: Plan, seen: set, feeds) -> Plan:
     return rebuild[best]()  # (the one-region builders set their spin)
 
 
-# the backends whose kernels join native segments (korch.executable.native)
-SEGMENT_BACKENDS = frozenset({"tvm", "native"})
-
-
 def _dispatch_costs(exe, info: dict) -> tuple[float, float]:
     """What running one more kernel costs besides its own clock, from ``time_steps``:
     (a kernel run as a step of the Python loop, a kernel inside a native segment).
@@ -387,6 +383,14 @@ def _dispatch_costs(exe, info: dict) -> tuple[float, float]:
         return per_step, per_step
     per_segment_call = info["segment_overhead_us"] / segments + per_step
     return per_step + per_segment_call, 0.0
+
+
+def _scale_class(c: Candidate) -> str:
+    """The class whose kernels share an in-place/measured ratio: their kind, and whether
+    they run inside native segments (a library kernel between segments pays a hand-off
+    its measurement did not: Note [A step outside the segments])."""
+    kind = getattr(c.kind, "value", str(c.kind))
+    return kind if c.backend in SEGMENT_BACKENDS else f"{kind}/library"
 
 
 def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -> dict[str, float]:
@@ -413,7 +417,7 @@ def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -
         for c in inp.candidates:
             us = in_place.get((c.partition, c.kernel.nodes, c.backend))
             if us is not None and math.isfinite(c.cost_us) and c.cost_us > 0:
-                ratios.setdefault(c.kind, []).append(us / c.cost_us)
+                ratios.setdefault(_scale_class(c), []).append(us / c.cost_us)
         if not ratios:
             break
         scales = {k: round(statistics.median(v), 3) for k, v in ratios.items()}
@@ -422,7 +426,7 @@ def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -
         def cost(c: Candidate, sc: dict[str, float], overall: float, per_call: float, per_native: float) -> float:
             us = in_place.get((c.partition, c.kernel.nodes, c.backend))
             if us is None:
-                us = c.cost_us * sc.get(c.kind, overall)
+                us = c.cost_us * sc.get(_scale_class(c), overall)
             return us + (per_native if c.backend in SEGMENT_BACKENDS else per_call)
 
         name = f"in place {r + 1}"

@@ -115,7 +115,7 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
                 "segment": st.meta.get("segment"),  # the native segment running it, or None
                 "class": _kernel_class(st.nodes, g),
                 "us": us,  # in place: a clock around the step in the executable
-                "alone_us": st.cost_us,  # measured alone when profiled (the BLP's cost), or None
+                "predicted_us": st.cost_us,  # the BLP's cost: measured alone, plus a step's hand-off, or None
                 "primitives": len(st.nodes),
                 "redundant": sum(1 for n in st.nodes if count[n] > 1),
                 "ops": _label(st.nodes, g),
@@ -180,24 +180,25 @@ def format_explain(info: dict[str, Any]) -> str:
     pred = info["report"].get("predicted_latency_us")
     if pred and math.isfinite(pred):
         lines.append(f"sum of profiled kernel costs (the BLP's objective): {pred / 1e3:.3f} ms")
-    alone = [k for k in info["kernels"] if k["alone_us"]]
-    if alone:
-        a, p = sum(k["alone_us"] for k in alone), sum(k["us"] for k in alone)
-        lines.append(f"{len(alone)} kernels measured alone {a / 1e3:.3f} ms, in place {p / 1e3:.3f} ms ({p / a:.2f}x)")
+    known = [k for k in info["kernels"] if k["predicted_us"]]
+    if known:
+        a, p = sum(k["predicted_us"] for k in known), sum(k["us"] for k in known)
+        lines.append(f"{len(known)} kernels predicted {a / 1e3:.3f} ms, in place {p / 1e3:.3f} ms ({p / a:.2f}x)")
     skipped = info["report"].get("skipped") or []
     if skipped:  # Note [Skipped optimizations]
         units = ", ".join(sorted({f"{r['stage']}:{r['unit']}" for r in skipped}))
         lines.append(f"optimizations skipped (they raised; report.json 'skipped'): {len(skipped)}: {units}")
     lines += [
         "",
-        f"top {len(info['top'])} kernels (in place: timed in the executable; alone: when profiled):",
-        f"{'kernel':<16} {'backend':<7} {'class':<7} {'in place':>9} {'alone':>9} {'share':>6}  primitives",
+        f"top {len(info['top'])} kernels (in place: timed in the executable; predicted: the BLP's cost, measured alone "
+        "plus a library step's hand-off, Note [A step outside the segments]):",
+        f"{'kernel':<16} {'backend':<7} {'class':<7} {'in place':>9} {'predicted':>9} {'share':>6}  primitives",
     ]
     for k in info["top"]:
         red = f" [{k['redundant']} redundant]" if k["redundant"] else ""
-        alone_us = f"{k['alone_us']:>9.1f}" if k["alone_us"] else f"{'-':>9}"
+        predicted = f"{k['predicted_us']:>9.1f}" if k["predicted_us"] else f"{'-':>9}"
         lines.append(
-            f"{k['name']:<16} {k['backend']:<7} {k['class']:<7} {k['us']:>9.1f} {alone_us} {pct(k['us'])}  "
+            f"{k['name']:<16} {k['backend']:<7} {k['class']:<7} {k['us']:>9.1f} {predicted} {pct(k['us'])}  "
             f"{k['ops']} -> {k['out_shape']}{red}"
         )
     return "\n".join(lines)

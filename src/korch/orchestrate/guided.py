@@ -67,6 +67,7 @@ from typing import Any
 
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind
+from korch.orchestrate.plan import step_cost_us
 
 
 @dataclasses.dataclass
@@ -155,16 +156,22 @@ def predict_all(kgraphs: list[Graph], settings, vb: int, workers: int | None = N
         return _predict_chunk((kgraphs, settings, vb))
 
 
-def _cost(results, w, backends) -> float | None:
-    """Best measured cost of a workload; None while some backend is unmeasured."""
+def _cost(results, w, backends, native: bool = False) -> float | None:
+    """Best measured cost of a workload, a step outside the native segments included
+    (``step_cost_us``); None while some backend is unmeasured."""
     best = math.inf
     for b in backends:
         m = results.get((w, b))
         if m is None:
             return None
         if m.ok and m.median_us is not None:
-            best = min(best, m.median_us)
+            best = min(best, m.median_us + step_cost_us(b, native))
     return best
+
+
+def native_segments(settings) -> bool:
+    """Whether the executable runs native segments (Note [A step outside the segments])."""
+    return bool(settings.native) and settings.target == "cpu"
 
 
 def step_profile(ctx) -> None:
@@ -260,6 +267,7 @@ def step_profile(ctx) -> None:
             c.backends = workloads[c.hash].backends
     ctx.candidates = [c for c in ctx.candidates if c.backends]
     measured_hashes = set()
+    native = native_segments(s)
     for c in ctx.candidates:
         w = workloads[c.hash]
         c.tile_config = w.tile_config
@@ -267,8 +275,9 @@ def step_profile(ctx) -> None:
             m = results.get((c.hash, b))
             if m is not None:
                 measured_hashes.add(c.hash)
-                if m.ok and m.median_us is not None and m.median_us < c.cost_us:
-                    c.cost_us, c.backend = m.median_us, b
+                us = None if not m.ok or m.median_us is None else m.median_us + step_cost_us(b, native)
+                if us is not None and us < c.cost_us:  # Note [A step outside the segments]
+                    c.cost_us, c.backend = us, b
     ctx.report.update(
         workloads=len(workloads),
         measurements_requested=stats.requested,
@@ -537,12 +546,13 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
         by_part.setdefault(c.partition, []).append(c)
     # one optimistic scale per class of prediction (tiling model; linear roofline)
     ratios: dict[str, list[float]] = {}
+    native = native_segments(s)
     for h, p in pred.items():
-        m = _cost(results, h, workloads[h].backends)
+        m = _cost(results, h, workloads[h].backends, native)
         if m is not None and math.isfinite(m) and p > 0:
             ratios.setdefault(klass.get(h, KernelKind.MEMORY), []).append(m / p)
     by_class = {k: _optimistic_scale(ratios.get(k, []), z) for k in set(klass.values()) | {KernelKind.MEMORY}}
-    known: dict[str, float | None] = {h: _cost(results, h, w.backends) for h, w in workloads.items()}
+    known: dict[str, float | None] = {h: _cost(results, h, w.backends, native) for h, w in workloads.items()}
     near = _neighbour_scales(g, ctx.candidates, known, pred, klass, z)
     scale = {h: near.get(h, by_class[klass.get(h, KernelKind.MEMORY)]) for h in pred}
 

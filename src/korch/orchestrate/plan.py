@@ -18,6 +18,31 @@ from typing import Any
 
 from korch.ir.subgraph import Kernel, KernelKind
 
+# the backends whose kernels join native segments (korch.executable.native)
+SEGMENT_BACKENDS = frozenset({"tvm", "native"})
+
+# Note [A step outside the segments]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# With native segments, a kernel of another library (an onnxruntime session) is a step
+# of its own between two segments: a Python step, a session call, and a wake-up of that
+# session's pool, which sleeps between calls (Note [No spinning thread pools]) while
+# korch's pool had the cores. Measured alone, back to back, it pays none of that. In
+# place (``korch explain``, segformer_block composed, two threads) its onnxruntime
+# MatMuls and Convs took 46-89 us more than measured alone (median 67), korch's native
+# kernels 0.9-1.1x their measured time. Linear kernels the native backend takes have
+# no library candidate for that reason (Note [One thread pool] in korch.pipeline);
+# what remains outside the segments (opaque operators, linear kernels the native
+# backend cannot take, library regions) costs its measurement plus
+# ``FOREIGN_STEP_US``, both when a candidate's backend is chosen and in the BLP, so the
+# plan runs as few library steps as it can.
+FOREIGN_STEP_US = 50.0
+
+
+def step_cost_us(backend: str, native: bool) -> float:
+    """What a kernel of ``backend`` costs besides its measurement (Note [A step outside
+    the segments]); ``native``: the executable runs native segments."""
+    return FOREIGN_STEP_US if native and backend not in SEGMENT_BACKENDS else 0.0
+
 
 @dataclasses.dataclass
 class Candidate:
