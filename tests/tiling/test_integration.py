@@ -163,17 +163,22 @@ def _guided_on_mlp(level: float = 1.0, seed: bool = False, other: float = 40.0, 
 
 
 def _objectives(ctx, measured, truth) -> tuple[float, float]:
-    """(BLP objective over the measured candidates, over all candidates) on true costs."""
+    """(BLP objective over the measured candidates, over all candidates) on true costs,
+    a library step's hand-off included as the rounds count it (Note [A step outside the
+    segments])."""
     from korch.orchestrate import solve as blp
+    from korch.orchestrate.plan import native_segments, step_cost_us
 
+    native = native_segments(ctx.settings)
+    cost = {c.hash: truth[c.hash] + min(step_cost_us(b, native) for b in c.backends) for c in ctx.candidates}
     guided = exhaustive = 0.0
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
         if not cands:
             continue
         ks = [c.kernel for c in cands]
-        guided += blp(ctx.graph, part, ks, [truth[c.hash] if c.hash in measured else math.inf for c in cands]).objective
-        exhaustive += blp(ctx.graph, part, ks, [truth[c.hash] for c in cands]).objective
+        guided += blp(ctx.graph, part, ks, [cost[c.hash] if c.hash in measured else math.inf for c in cands]).objective
+        exhaustive += blp(ctx.graph, part, ks, [cost[c.hash] for c in cands]).objective
     return guided, exhaustive
 
 

@@ -67,7 +67,7 @@ from typing import Any
 
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind
-from korch.orchestrate.plan import step_cost_us
+from korch.orchestrate.plan import native_segments, step_cost_us
 
 
 @dataclasses.dataclass
@@ -167,11 +167,6 @@ def _cost(results, w, backends, native: bool = False) -> float | None:
         if m.ok and m.median_us is not None:
             best = min(best, m.median_us + step_cost_us(b, native))
     return best
-
-
-def native_segments(settings) -> bool:
-    """Whether the executable runs native segments (Note [A step outside the segments])."""
-    return bool(settings.native) and settings.target == "cpu"
 
 
 def step_profile(ctx) -> None:

@@ -38,6 +38,11 @@ SEGMENT_BACKENDS = frozenset({"tvm", "native"})
 FOREIGN_STEP_US = 50.0
 
 
+def native_segments(settings) -> bool:
+    """Whether the executable runs native segments (Note [A step outside the segments])."""
+    return bool(settings.native) and settings.target == "cpu"
+
+
 def step_cost_us(backend: str, native: bool) -> float:
     """What a kernel of ``backend`` costs besides its measurement (Note [A step outside
     the segments]); ``native``: the executable runs native segments."""
