@@ -3,6 +3,8 @@ cases run in tests/kernels/test_library_backends.py with every linear backend)."
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph, randn, run_and_compare
@@ -113,3 +115,80 @@ def test_outputs_along_the_chain(tmp_path):
     assert plan is not None and plan.taps == (1, 2)
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.n_outputs == 2
+
+
+@pytest.mark.parametrize("order", ["x_first", "sigmoid_first"])
+def test_silu_reads_the_chain_value_again(order, tmp_path):
+    """YOLO's conv + bias + SiLU: the chain forks at the biased value and the product
+    rejoins it (Operand.chain), one kernel with no second pass."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 12, 17, 19), "float32")
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(16, 12, 3, 3), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=(1, 1, 1, 1),
+        group=1,
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(16), name="bias"), (16, 1, 1)))
+    s = b.unary(Op.SIGMOID, y)
+    y = b.add(Op.MUL, [y, s] if order == "x_first" else [s, y])
+    b.output("y", b.binary(Op.ADD, y, b.scalar(0.25, y)))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None
+    assert [st.op for st in plan.epilogue] == [Op.ADD, Op.SIGMOID, Op.MUL, Op.ADD]
+    assert plan.epilogue[2].operand.chain == 1  # the value after the bias add
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+def test_a_fork_that_does_not_rejoin_is_not_a_chain():
+    """Two uses of the biased value that never meet again are two outputs' work, not an epilogue."""
+    b = GraphBuilder()
+    a = b.input("a", (8, 16), "float32")
+    y = b.add(Op.MATMUL, [a, b.const(randn(16, 12), name="w")])
+    b.output("s", b.unary(Op.SIGMOID, y))
+    b.output("t", b.unary(Op.TANH, y))
+    kg, _ = kernel_of(b.graph)
+    assert plan_of(kg) is None
+
+
+@pytest.mark.parametrize("op", [Op.EXP, Op.TANH, Op.SIGMOID, Op.ERF])
+def test_vector_transcendentals_accuracy(op):
+    """Note [Vector transcendentals]: the epilogue's eight-lane exp/tanh/sigmoid against
+    float64 over their whole useful range (an identity MatMul passes the values through)."""
+    from korch.kernels.registry import get_backend
+
+    n = 64
+    lo, hi = {Op.EXP: (-80.0, 88.0), Op.TANH: (-10.0, 10.0), Op.SIGMOID: (-30.0, 30.0), Op.ERF: (-6.0, 6.0)}[op]
+    b = GraphBuilder()
+    a = b.input("a", (n, n), "float32")
+    b.output("y", b.unary(op, b.add(Op.MATMUL, [a, b.const(np.eye(n, dtype=np.float32), name="w")])))
+    kg, consts = kernel_of(b.graph)
+    x = np.linspace(lo, hi, n * n, dtype=np.float32).reshape(n, n)
+    args = [x if name not in consts else consts[name] for name in kg.inputs]
+    got = get_backend("native").build(kg, consts, 1)(args)[0].astype(np.float64)
+    x64 = x.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    want = {Op.EXP: np.exp, Op.TANH: np.tanh, Op.SIGMOID: lambda v: 1 / (1 + np.exp(-v)), Op.ERF: erf}[op](x64)
+    if op is Op.EXP:
+        np.testing.assert_allclose(got, want, rtol=3e-7)
+    else:
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_gelu_is_one_chain(tmp_path):
+    """BERT's and Segformer's MatMul + bias + GELU (erf form) as one native kernel."""
+    b = GraphBuilder()
+    a = b.input("a", (1, 40, 48), "float32")
+    y = b.add(Op.MATMUL, [a, b.const(randn(48, 72), name="w")])
+    y = b.binary(Op.ADD, y, b.const(randn(72), name="bias"))
+    g = b.add(Op.ERF, [b.binary(Op.DIV, y, b.scalar(math.sqrt(2.0), y))])
+    g = b.add(Op.MUL, [y, b.binary(Op.ADD, g, b.scalar(1.0, y))])
+    b.output("y", b.binary(Op.MUL, g, b.scalar(0.5, y)))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None
+    assert [st.op for st in plan.epilogue] == [Op.ADD, Op.DIV, Op.ERF, Op.ADD, Op.MUL, Op.MUL]
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)

@@ -26,12 +26,15 @@ _FLOAT = ("float32", "float64")
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
-    """A scalar, or kernel input ``pos`` seen through RESHAPE/BROADCAST ``steps``."""
+    """A scalar, or kernel input ``pos`` seen through RESHAPE/BROADCAST ``steps``, or
+    (``chain`` >= 0, ``match_linear(..., rejoin=True)``) the chain's own value after
+    ``chain`` epilogue steps: SiLU's x in x * sigmoid(x)."""
 
     scalar: float | None = None
     pos: int = -1
     name: str = ""
     steps: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    chain: int = -1
 
     def view(self, x: np.ndarray) -> np.ndarray:
         """Apply the steps; a trailing BROADCAST is left to the ufunc's broadcasting."""
@@ -48,11 +51,13 @@ class Operand:
             "pos": self.pos,
             "name": self.name,
             "steps": [[k, list(s)] for k, s in self.steps],
+            "chain": self.chain,
         }
 
     @staticmethod
     def from_json(d: dict) -> Operand:
-        return Operand(d["scalar"], d["pos"], d["name"], tuple((k, tuple(s)) for k, s in d["steps"]))
+        steps = tuple((k, tuple(s)) for k, s in d["steps"])
+        return Operand(d["scalar"], d["pos"], d["name"], steps, d.get("chain", -1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +123,18 @@ class LinearPlan:
 
 
 def match_linear(
-    kgraph: Graph, linear_ops: frozenset[Op] = frozenset({Op.MATMUL, Op.CONV}), taps: bool = False
+    kgraph: Graph,
+    linear_ops: frozenset[Op] = frozenset({Op.MATMUL, Op.CONV}),
+    taps: bool = False,
+    rejoin: bool = False,
+    unary: frozenset[Op] = EPILOGUE_UNARY,
 ) -> LinearPlan | None:
     """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one.
     ``taps``: the kernel may also output values along the chain (GELU's pre-activation,
-    say); ``LinearPlan.taps`` says where each output is taken."""
+    say); ``LinearPlan.taps`` says where each output is taken. ``rejoin``: a chain value
+    may be read once more by a later binary step (``Operand.chain``: SiLU's
+    x * sigmoid(x), a sigmoid-gated add), which the native backend takes; so is
+    ``unary``, the elementwise functions the backend computes (ERF as well for it)."""
     nodes = kgraph.nodes
     if len(kgraph.outputs) != 1 and not taps:
         return None
@@ -159,24 +171,30 @@ def match_linear(
     out_ids = list(kgraph.outputs.values())
     at: dict[int, int] = {lid: 0}  # chain node -> epilogue steps before its value
     out_id = out_ids[0] if len(out_ids) == 1 else None
+    forks: dict[int, int] = {}  # a binary node -> the earlier chain node it reads again
     while cur != out_id:
-        nexts = users[cur]
+        nexts = [u for u in users[cur] if forks.get(u) != cur]
         if out_id is None and not nexts:
             break  # the chain's end (with taps)
+        if rejoin and len(nexts) == 2:
+            fork = _fork(nodes, users, cur, nexts)
+            if fork is None:
+                return None
+            nexts, forks[fork] = [u for u in nexts if u != fork], cur
         if len(nexts) != 1:
             return None
         nid = nexts[0]
         node = nodes[nid]
         if node.shape != lnode.shape or node.dtype != dtype:
             return None
-        if node.op in EPILOGUE_UNARY:
+        if node.op in unary:
             chain.append(EpilogueStep(node.op))
         elif node.op in EPILOGUE_BINARY:
             x, y = node.inputs
             if (x == cur) == (y == cur):
                 return None
             other = y if x == cur else x
-            opd = operand(other)
+            opd = Operand(chain=at[other]) if forks.get(nid) == other else operand(other)
             if opd is None:
                 return None
             chain.append(EpilogueStep(node.op, opd, x == cur))
@@ -214,6 +232,22 @@ def match_linear(
         tuple(names),
         tap_steps,
     )
+
+
+def _fork(nodes, users, cur: int, nexts: list[int]) -> int | None:
+    """Of ``cur``'s two users, the binary one that the other reaches along single-user
+    nodes (the chain leaves ``cur`` through the other and comes back to it)."""
+    for branch, back in ((nexts[0], nexts[1]), (nexts[1], nexts[0])):
+        if nodes[back].op not in EPILOGUE_BINARY:
+            continue
+        walk = branch
+        for _ in range(8):
+            if len(users[walk]) != 1:
+                break
+            walk = users[walk][0]
+            if walk == back:
+                return back
+    return None
 
 
 # --- numpy execution -------------------------------------------------------------------

@@ -226,12 +226,14 @@ constexpr double SERIAL_FLOPS = 1.5e6;
 // op codes shared with linear.py
 enum Code : int64_t {
   ADD = 1, SUB = 2, MUL = 3, DIV = 4, MAX = 5, MIN = 6,
-  NEG = 11, EXP = 12, TANH = 13, SIGMOID = 14, ABS = 15,
+  NEG = 11, EXP = 12, TANH = 13, SIGMOID = 14, ABS = 15, ERF = 16,
   STORE = 20,
 };
 
 struct Step {
-  int64_t op, kind, left, pos;  // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos)
+  // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos), 4 save
+  // (to slot pos), 5 saved operand (slot pos)
+  int64_t op, kind, left, pos;
   float scalar;
   std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
 };
@@ -273,12 +275,87 @@ void binary(int64_t op, float* v, int64_t n, const float* o, int64_t s, bool lef
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// Note [Vector transcendentals]: expf and tanhf are libm calls that GCC does not
+// vectorize without -ffast-math (a SiLU epilogue ran one expf per element). These are
+// the generated kernels' formulas (korch/kernels/tvm/fastmath.py: Cephes exp, Eigen's
+// tanh), eight lanes at a time; the same error bounds.
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.33654022216797f);
+  const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_set1_ps(2.0f));
+  return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+}
+
+inline __m256 tanh8(__m256 x) {
+  const __m256 c = _mm256_set1_ps(7.90531110763549805f);
+  x = _mm256_max_ps(_mm256_min_ps(x, c), _mm256_sub_ps(_mm256_setzero_ps(), c));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-2.76076847742355e-16f);
+  for (float k : {2.00018790482477e-13f, -8.60467152213735e-11f, 5.12229709037114e-08f, 1.48572235717979e-05f,
+                  6.37261928875436e-04f, 4.89352455891786e-03f})
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(k));
+  __m256 q = _mm256_set1_ps(1.19825839466702e-06f);
+  for (float k : {1.18534705686654e-04f, 2.26843463243900e-03f, 4.89352518554385e-03f})
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(k));
+  return _mm256_div_ps(_mm256_mul_ps(x, p), q);
+}
+
+inline __m256 erf8(__m256 x) {
+  const __m256 c = _mm256_set1_ps(4.0f);
+  x = _mm256_max_ps(_mm256_min_ps(x, c), _mm256_sub_ps(_mm256_setzero_ps(), c));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
+  for (float k : {2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f, -7.34990630326855e-04f,
+                  -2.95459980854025e-03f, -1.60960333262415e-02f})
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(k));
+  __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
+  for (float k : {-2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f, -1.42647390514189e-02f})
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(k));
+  return _mm256_div_ps(_mm256_mul_ps(x, p), q);
+}
+
+// v[0, n) through op eight at a time; returns how many it did (the rest is scalar)
+inline int64_t unary8(int64_t op, float* __restrict v, int64_t n) {
+  if (op != EXP && op != TANH && op != SIGMOID && op != ERF) return 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 x = _mm256_loadu_ps(v + j);
+    __m256 y;
+    if (op == EXP) y = exp8(x);
+    else if (op == TANH) y = tanh8(x);
+    else if (op == ERF) y = erf8(x);
+    else y = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    _mm256_storeu_ps(v + j, y);
+  }
+  return j;
+}
+#else
+inline int64_t unary8(int64_t, float*, int64_t) { return 0; }
+#endif
+
 void unary(int64_t op, float* __restrict v, int64_t n) {
+  const int64_t done = unary8(op, v, n);
+  v += done;
+  n -= done;
   switch (op) {
     case NEG: for (int64_t j = 0; j < n; ++j) v[j] = -v[j]; break;
     case EXP: for (int64_t j = 0; j < n; ++j) v[j] = std::exp(v[j]); break;
     case TANH: for (int64_t j = 0; j < n; ++j) v[j] = std::tanh(v[j]); break;
     case SIGMOID: for (int64_t j = 0; j < n; ++j) v[j] = 1.0f / (1.0f + std::exp(-v[j])); break;
+    case ERF: for (int64_t j = 0; j < n; ++j) v[j] = std::erf(v[j]); break;
     default: for (int64_t j = 0; j < n; ++j) v[j] = std::fabs(v[j]); break;  // ABS
   }
 }
@@ -298,17 +375,24 @@ struct Linear {
   int64_t n = 0, c = 0, h = 0, w = 0, co = 0, kh = 0, kw = 0, sh = 0, sw = 0, dh = 0, dw = 0, pt = 0, pl = 0,
           group = 0, ho = 0, wo = 0;
   std::vector<Step> epi;
+  int64_t slots = 0;  // rows of scratch the chain saves values to (kind 4) and reads back (5)
 
   // the epilogue on output elements [begin, end)
   void epilogue(float* out, void* const* ptrs, int64_t begin, int64_t end) const {
     if (epi.empty()) return;
     const int64_t D = (int64_t)oshape.size(), L = oshape[D - 1];
+    thread_local std::vector<float> scratch;
+    if ((int64_t)scratch.size() < slots * L) scratch.resize((size_t)(slots * L));
     for (int64_t f = begin; f < end;) {
       const int64_t r = f / L, c0 = f % L, len = std::min(L - c0, end - f);
       float* v = out + f;
       for (const Step& s : epi) {
         if (s.kind == 3) {
           std::memcpy(static_cast<float*>(ptrs[nin + s.pos]) + f, v, sizeof(float) * len);
+        } else if (s.kind == 4) {
+          std::memcpy(scratch.data() + s.pos * L, v, sizeof(float) * len);
+        } else if (s.kind == 5) {
+          binary(s.op, v, len, scratch.data() + s.pos * L, 1, s.left != 0);
         } else if (s.kind == 0) {
           unary(s.op, v, len);
         } else if (s.kind == 1) {
@@ -746,8 +830,11 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     std::memcpy(&v, &bits, sizeof v);
     st.scalar = (float)v;
     for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
-    if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)))
+    if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)) ||
+        (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
+        st.kind < 0 || st.kind > 5)
       r.ok = false;
+    if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
   if (!r.ok || version != 1 || r.i != n || D < 1 || (k->op != 0 && k->op != 1) || k->main < 0 || k->main >= k->nout ||

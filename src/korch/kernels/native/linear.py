@@ -15,13 +15,16 @@ A kernel is described to C++ by an int64 code (``encode``), read by
     out shape[D],
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
-    n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store), value left,
-            input pos (output pos for a store), the scalar as float64 bits, element
-            strides of the operand over the out dims[D]
+    n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store, 4 save,
+            5 saved), value left, input pos (output pos for a store, slot for a save
+            and a saved operand), the scalar as float64 bits, element strides of the
+            operand over the out dims[D]
 
 The linear result goes to the main output (the chain's end) and the chain runs there;
 a kernel with more outputs (``LinearPlan.taps``: GELU's pre-activation beside its
-product, say) gets store steps that copy the value at their point of the chain.
+product, say) gets store steps that copy the value at their point of the chain. A
+chain value read again later (``Operand.chain``: SiLU's x in x * sigmoid(x)) is saved
+to a slot, a row of scratch, and a later binary step reads the slot.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels.base import Backend, CompiledKernel, register
-from korch.kernels.epilogue import LinearPlan, load_consts, match_linear, save_consts
+from korch.kernels.epilogue import EPILOGUE_UNARY, LinearPlan, load_consts, match_linear, save_consts
 
 CODE_VERSION = 1
 OP_CODES = {
@@ -54,10 +57,14 @@ OP_CODES = {
     Op.TANH: 13,
     Op.SIGMOID: 14,
     Op.ABS: 15,
+    Op.ERF: 16,
 }
 
 
-STORE = 20  # kind 3: copy the chain's value so far into output ``pos``
+# GELU's erf as well: its whole formula, x * 0.5 * (1 + erf(x / sqrt 2)), is one chain
+NATIVE_UNARY = EPILOGUE_UNARY | {Op.ERF}
+
+STORE = 20  # kind 3: copy the chain's value so far into output ``pos``; kind 4: into slot ``pos``
 
 
 class Unsupported(ValueError):
@@ -125,15 +132,21 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     else:
         raise Unsupported(str(plan.op))
     stores = {t: [k for k, tt in enumerate(taps) if tt == t and k != main] for t in range(len(plan.epilogue) + 1)}
-    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()))
+    chained = sorted({st.operand.chain for st in plan.epilogue if st.operand is not None and st.operand.chain >= 0})
+    slot = {k: i for i, k in enumerate(chained)}
+    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot))
     zeros = [0] * len(shape)
     for j, st in enumerate(plan.epilogue):
         code += [x for k in stores[j] for x in (STORE, 3, 1, k, 0, *zeros)]  # Note: output k := the value
+        if j in slot:
+            code += [STORE, 4, 1, slot[j], 0, *zeros]  # slot := the value
         if st.op not in OP_CODES:
             raise Unsupported(f"epilogue {st.op}")
         opd = st.operand
         if opd is None:
             code += [OP_CODES[st.op], 0, 1, -1, 0, *([0] * len(shape))]
+        elif opd.chain >= 0:
+            code += [OP_CODES[st.op], 5, int(st.value_left), slot[opd.chain], 0, *zeros]
         elif opd.scalar is not None:
             bits = int(np.array(opd.scalar, dtype=np.float64).view(np.int64))
             code += [OP_CODES[st.op], 1, int(st.value_left), -1, bits, *([0] * len(shape))]
@@ -160,7 +173,7 @@ def runtime() -> ctypes.CDLL:
 
 
 def plan_of(kgraph: Graph) -> LinearPlan | None:
-    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True)
+    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY)
 
 
 class NativeLinearKernel(CompiledKernel):
