@@ -42,6 +42,8 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 40, 12, 21), w_shape=(20, 40, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
         # rows with all three kernel rows inside summed in registers, the border rows tap by tap
         dict(x_shape=(1, 24, 19, 21), w_shape=(24, 1, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=24, bias=True),
+        # Note [Padded depthwise rows]: rows dilated, 7 wide (not a multiple of 8), asymmetric pads
+        dict(x_shape=(1, 8, 15, 7), w_shape=(8, 1, 3, 5), strides=(1, 1), pads=(2, 1, 0, 3), group=8, dil=(2, 1)),
     ],
     ids=[
         "3x3_bias",
@@ -51,6 +53,7 @@ def test_matmul_split(case, tmp_path):
         "depthwise_3x3_narrow",
         "3x3_two_k_blocks",
         "depthwise_3x3_rows",
+        "depthwise_padded_dilated_rows",
     ],
 )
 def test_conv_split(case, tmp_path):

@@ -41,7 +41,7 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.kernels.base import Backend, CompiledKernel, register
+from korch.kernels.base import Backend, CompiledKernel, buffer_address, register
 from korch.kernels.epilogue import EPILOGUE_UNARY, LinearPlan, load_consts, match_linear, save_consts
 
 CODE_VERSION = 1
@@ -192,6 +192,9 @@ class NativeLinearKernel(CompiledKernel):
         self._handle = ctypes.c_void_p(handle)
         self.n_outputs = len(plan.taps) or 1
         self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + self.n_outputs))()
+        for i, a in self._const_at.items():  # the weights' addresses never change
+            self._ptrs[i] = a.ctypes.data
+        self._moving = [i for i in range(len(self.input_shapes)) if i not in self._const_at]
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -213,16 +216,16 @@ class NativeLinearKernel(CompiledKernel):
         self._lib.korch_set_threads(int(num_threads))
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        # (addresses by buffer_address: ``.ctypes.data`` per argument made a 2 us kernel
+        # cost 15 us measured through this call)
         keep = []
-        for i, x in enumerate(inputs):
-            a = self._const_at.get(i)
-            if a is None:
-                a = np.ascontiguousarray(x, dtype=np.float32)
+        for i in self._moving:
+            a = np.ascontiguousarray(inputs[i], dtype=np.float32)
             keep.append(a)
-            self._ptrs[i] = a.ctypes.data
+            self._ptrs[i] = _address(a)
         outs = [np.empty(self.plan.shape, dtype=np.float32) for _ in range(self.n_outputs)]
         for j, o in enumerate(outs):
-            self._ptrs[len(inputs) + j] = o.ctypes.data
+            self._ptrs[len(inputs) + j] = buffer_address(o)
         if self._lib.korch_linear_run(self._handle, self._ptrs) != 0:
             raise RuntimeError(f"native linear kernel failed: {self._lib.korch_last_error().decode()}")
         return outs
@@ -231,6 +234,13 @@ class NativeLinearKernel(CompiledKernel):
         meta = save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
         meta["input_shapes"] = [list(s) for s in self.input_shapes]
         return meta
+
+
+def _address(a: np.ndarray) -> int:
+    try:
+        return buffer_address(a)
+    except (TypeError, ValueError, BufferError):  # a read-only input
+        return a.ctypes.data
 
 
 def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
