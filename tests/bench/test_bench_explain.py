@@ -96,7 +96,7 @@ def test_explain_breakdown_and_svg(optimized, capsys, tmp_path):
     kernel_sum = sum(k["us"] for k in info["kernels"])
     assert kernel_sum <= info["end_to_end_us"] + 1e-9
     assert info["dispatch_us"] >= 0
-    steps = load(outdir).executable.steps
+    steps = load(outdir).executable.kernel_steps()  # a native segment's kernels one by one
     assert len(info["kernels"]) == len(steps)
     svg = (tmp_path / "pic.svg").read_text()
     assert svg.startswith("<svg")
