@@ -243,10 +243,11 @@ def step_orchestrate(ctx: Context) -> None:
 
 def _build(ctx: Context, chosen: list[Candidate]):
     from korch.executable.build import build_executable
+    from korch.orchestrate.plan import native_segments
 
     assert ctx.graph is not None
     s = ctx.settings
-    return build_executable(ctx.graph, chosen, s.num_threads, s.cuda_graph, native=s.native and s.target == "cpu")
+    return build_executable(ctx.graph, chosen, s.num_threads, s.cuda_graph, native=native_segments(s))
 
 
 def step_build(ctx: Context) -> None:

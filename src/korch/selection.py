@@ -389,7 +389,7 @@ def _scale_class(c: Candidate) -> str:
     """The class whose kernels share an in-place/measured ratio: their kind, and whether
     they run inside native segments (a library kernel between segments pays a hand-off
     its measurement did not: Note [A step outside the segments])."""
-    kind = getattr(c.kind, "value", str(c.kind))
+    kind = str(c.kind)
     return kind if c.backend in SEGMENT_BACKENDS else f"{kind}/library"
 
 

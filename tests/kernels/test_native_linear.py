@@ -61,20 +61,25 @@ def test_conv_split(case, tmp_path):
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
 
 
-def test_residual_epilogue():
-    """A full-size tensor operand (a residual add) beside a broadcast bias."""
-    b = GraphBuilder()
-    x = b.input("x", (1, 8, 12, 12), "float32")
-    r = b.input("r", (1, 16, 12, 12), "float32")
+def _conv3x3_bias(b, x, ci: int, co: int) -> int:
+    """A padded 3x3 conv of ``x`` (``ci`` channels) to ``co`` channels, plus a per-channel bias."""
     y = b.add(
         Op.CONV,
-        [x, b.const(randn(16, 8, 3, 3), name="w")],
+        [x, b.const(randn(co, ci, 3, 3), name="w")],
         strides=(1, 1),
         dilations=(1, 1),
         pads=(1, 1, 1, 1),
         group=1,
     )
-    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(16), name="bias"), (16, 1, 1)))
+    return b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+
+
+def test_residual_epilogue():
+    """A full-size tensor operand (a residual add) beside a broadcast bias."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 12, 12), "float32")
+    r = b.input("r", (1, 16, 12, 12), "float32")
+    y = _conv3x3_bias(b, x, 8, 16)
     y = b.binary(Op.ADD, r, y)
     y = b.unary(Op.TANH, y)
     b.output("y", y)
@@ -126,15 +131,7 @@ def test_silu_reads_the_chain_value_again(order, tmp_path):
     rejoins it (Operand.chain), one kernel with no second pass."""
     b = GraphBuilder()
     x = b.input("x", (1, 12, 17, 19), "float32")
-    y = b.add(
-        Op.CONV,
-        [x, b.const(randn(16, 12, 3, 3), name="w")],
-        strides=(1, 1),
-        dilations=(1, 1),
-        pads=(1, 1, 1, 1),
-        group=1,
-    )
-    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(16), name="bias"), (16, 1, 1)))
+    y = _conv3x3_bias(b, x, 12, 16)
     s = b.unary(Op.SIGMOID, y)
     y = b.add(Op.MUL, [y, s] if order == "x_first" else [s, y])
     b.output("y", b.binary(Op.ADD, y, b.scalar(0.25, y)))

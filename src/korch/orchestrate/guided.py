@@ -156,16 +156,22 @@ def predict_all(kgraphs: list[Graph], settings, vb: int, workers: int | None = N
         return _predict_chunk((kgraphs, settings, vb))
 
 
+def _step_us(m, backend: str, native: bool) -> float:
+    """Measurement ``m`` of ``backend`` as a step of the plan: its median, plus the
+    hand-off of a step outside the native segments (Note [A step outside the segments]);
+    inf when it failed."""
+    return math.inf if not m.ok or m.median_us is None else m.median_us + step_cost_us(backend, native)
+
+
 def _cost(results, w, backends, native: bool = False) -> float | None:
-    """Best measured cost of a workload, a step outside the native segments included
-    (``step_cost_us``); None while some backend is unmeasured."""
+    """Best measured cost of a workload as a step (``_step_us``); None while some
+    backend is unmeasured."""
     best = math.inf
     for b in backends:
         m = results.get((w, b))
         if m is None:
             return None
-        if m.ok and m.median_us is not None:
-            best = min(best, m.median_us + step_cost_us(b, native))
+        best = min(best, _step_us(m, b, native))
     return best
 
 
@@ -270,8 +276,8 @@ def step_profile(ctx) -> None:
             m = results.get((c.hash, b))
             if m is not None:
                 measured_hashes.add(c.hash)
-                us = None if not m.ok or m.median_us is None else m.median_us + step_cost_us(b, native)
-                if us is not None and us < c.cost_us:  # Note [A step outside the segments]
+                us = _step_us(m, b, native)
+                if us < c.cost_us:
                     c.cost_us, c.backend = us, b
     ctx.report.update(
         workloads=len(workloads),

@@ -514,7 +514,7 @@ struct Linear {
   bool padded_depthwise() const { return sw == 1 && dw == 1 && kh * kw <= PADDED_TAPS; }
 
   void depthwise_padded(const float* x, const float* k, float* y) const {
-    const int64_t wv = (wo + 7) / 8 * 8, pw = wv + (kw - 1) * 1, ph = (ho - 1) * sh + (kh - 1) * dh + 1;
+    const int64_t wv = (wo + 7) / 8 * 8, pw = wv + kw - 1, ph = (ho - 1) * sh + (kh - 1) * dh + 1;
     thread_local std::vector<float> P, R;
     P.assign((size_t)(ph * pw), 0.0f);
     const int64_t ncopy = std::min(w, pw - pl);

@@ -222,7 +222,7 @@ class NativeLinearKernel(CompiledKernel):
         for i in self._moving:
             a = np.ascontiguousarray(inputs[i], dtype=np.float32)
             keep.append(a)
-            self._ptrs[i] = _address(a)
+            self._ptrs[i] = buffer_address(a)
         outs = [np.empty(self.plan.shape, dtype=np.float32) for _ in range(self.n_outputs)]
         for j, o in enumerate(outs):
             self._ptrs[len(inputs) + j] = buffer_address(o)
@@ -234,13 +234,6 @@ class NativeLinearKernel(CompiledKernel):
         meta = save_consts(self.backend, self.plan, self.consts, Path(directory), stem)
         meta["input_shapes"] = [list(s) for s in self.input_shapes]
         return meta
-
-
-def _address(a: np.ndarray) -> int:
-    try:
-        return buffer_address(a)
-    except (TypeError, ValueError, BufferError):  # a read-only input
-        return a.ctypes.data
 
 
 def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
