@@ -233,11 +233,8 @@ def test_bench_optimizes_in_a_process_of_its_own(tmp_path):
 
 def test_bench_openvino_peer_at_fp32_over_two_process_sets(optimized):
     # the ov peer compiles at f32 and matches onnxruntime; each engine is timed in two
-    # fresh processes and the row's median is over them (Note [Medians over processes])
-    import importlib.util
-
-    if importlib.util.find_spec("openvino") is None:
-        pytest.skip("openvino not installed")
+    # fresh processes and the row's median is over them (Note [Medians over processes]);
+    # openvino is in the test extra, so this runs wherever the tests do
     from korch.cli import main
 
     root, model = optimized

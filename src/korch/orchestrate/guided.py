@@ -67,7 +67,7 @@ from typing import Any
 
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind
-from korch.orchestrate.plan import native_segments, step_cost_us
+from korch.orchestrate.plan import native_segments, step_us
 
 
 @dataclasses.dataclass
@@ -156,22 +156,15 @@ def predict_all(kgraphs: list[Graph], settings, vb: int, workers: int | None = N
         return _predict_chunk((kgraphs, settings, vb))
 
 
-def _step_us(m, backend: str, native: bool) -> float:
-    """Measurement ``m`` of ``backend`` as a step of the plan: its median, plus the
-    hand-off of a step outside the native segments (Note [A step outside the segments]);
-    inf when it failed."""
-    return math.inf if not m.ok or m.median_us is None else m.median_us + step_cost_us(backend, native)
-
-
 def _cost(results, w, backends, native: bool = False) -> float | None:
-    """Best measured cost of a workload as a step (``_step_us``); None while some
+    """Best measured cost of a workload as a step (``step_us``); None while some
     backend is unmeasured."""
     best = math.inf
     for b in backends:
         m = results.get((w, b))
         if m is None:
             return None
-        best = min(best, _step_us(m, b, native))
+        best = min(best, step_us(m, b, native))
     return best
 
 
@@ -276,7 +269,7 @@ def step_profile(ctx) -> None:
             m = results.get((c.hash, b))
             if m is not None:
                 measured_hashes.add(c.hash)
-                us = _step_us(m, b, native)
+                us = step_us(m, b, native)
                 if us < c.cost_us:
                     c.cost_us, c.backend = us, b
     ctx.report.update(

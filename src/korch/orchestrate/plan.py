@@ -49,6 +49,12 @@ def step_cost_us(backend: str, native: bool) -> float:
     return FOREIGN_STEP_US if native and backend not in SEGMENT_BACKENDS else 0.0
 
 
+def step_us(m, backend: str, native: bool) -> float:
+    """Measurement ``m`` of ``backend`` as a step of the plan: its median plus
+    ``step_cost_us``; inf when it failed."""
+    return math.inf if not m.ok or m.median_us is None else m.median_us + step_cost_us(backend, native)
+
+
 @dataclasses.dataclass
 class Candidate:
     partition: int  # -1: a kernel over the whole graph (a baseline plan's)
