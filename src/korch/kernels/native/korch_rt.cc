@@ -418,11 +418,22 @@ struct Linear {
     std::lock_guard<std::mutex> lock(pack_mu);
     if (packed_from != W) {
       const int64_t per = korch_gemm::packed_size(K, N);
-      packed.assign((size_t)(per * groups), 0.0f);
-      for (int64_t g = 0; g < groups; ++g) korch_gemm::pack_b(W + g * gstride, K, N, bk, bn, packed.data() + g * per);
+      packed.assign((size_t)(per * groups + 16), 0.0f);
+      float* base = aligned_panels();
+      for (int64_t g = 0; g < groups; ++g) korch_gemm::pack_b(W + g * gstride, K, N, bk, bn, base + g * per);
       packed_from = W;
     }
-    return packed.data();
+    return aligned_panels();
+  }
+
+  // Note [Aligned panels]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A panel row is NR = 16 floats, one 64-byte cache line. The vector's storage is
+  // 16-byte aligned, so a row straddled two lines and every other load of the micro
+  // kernel was a split load; the panels start at the first 64-byte boundary of it.
+  float* aligned_panels() const {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(packed.data());
+    return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
   }
 
   bool packed_matmul() const {
@@ -687,6 +698,8 @@ struct Linear {
       for (int64_t ky = 0; ky < kh; ++ky)
         for (int64_t kx = 0; kx < kw; ++kx) koff[(size_t)k++] = (ci * Hp + ky * dh) * Wpd + kx * dw;
     const int64_t* kt = koff.data();
+    // K in one block while a panel's block (64 bytes per k) stays within ~24 KB of L1
+    const int64_t kcb = KK <= 384 ? KK : korch_gemm::KC;
     parallel_for(n * group * ho, T, [&](int64_t t) {
       const int64_t ni = t / (group * ho), g = (t / ho) % group, oy = t % ho;
       const float* xrow = Xp + (ni * c + g * cig) * Hp * Wpd + oy * sh * Wpd;
@@ -698,9 +711,9 @@ struct Linear {
         for (int64_t ox0 = 0; ox0 < wo; ox0 += MR) {
           const int64_t mr = std::min(MR, wo - ox0);
           // the tile summed over K in registers and tmp, stored once
-          for (int64_t kk = 0; kk < KK; kk += korch_gemm::KC) {
+          for (int64_t kk = 0; kk < KK; kk += kcb) {
             const int64_t* ko = kt + kk;
-            korch_gemm::micro_at(std::min(korch_gemm::KC, KK - kk), xrow + ox0 * sw, sw,
+            korch_gemm::micro_at(std::min(kcb, KK - kk), xrow + ox0 * sw, sw,
                                  [ko](int64_t k) { return ko[k]; }, mr, wg + q * KK * NR + kk * NR, tmp, kk > 0);
           }
           for (int64_t j = 0; j < nn; ++j) {
