@@ -36,6 +36,10 @@ CASES = {
     "conv1x1 256->64 56x56": lambda: conv_graph((1, 256, 56, 56), (64, 256, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 64->32 32x32": lambda: conv_graph((1, 64, 32, 32), (32, 64, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "dwconv3x3 96ch 56x56": lambda: conv_graph((1, 96, 56, 56), (96, 1, 3, 3), (1, 1), (1, 1, 1, 1), 96),
+    # MobileNetV3-small's (zoo): strided depthwise, the 3-channel stem
+    "dwconv3x3 s2 72ch 56x56": lambda: conv_graph((1, 72, 56, 56), (72, 1, 3, 3), (2, 2), (1, 1, 1, 1), 72),
+    "dwconv5x5 s2 288ch 14x14": lambda: conv_graph((1, 288, 14, 14), (288, 1, 5, 5), (2, 2), (2, 2, 2, 2), 288),
+    "conv3x3 s2 3->16 224x224": lambda: conv_graph((1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
 }
 BACKENDS = ("ort", "native", "numpy")
 

@@ -128,9 +128,12 @@ POOLED_OUT = frozenset({"numpy", "torch", "ort"})
 
 
 def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: bool = False) -> tuple[str, ...]:
-    from korch.kernels.registry import all_backends
+    from korch.kernels.registry import all_backends, get_backend
 
     if kind is KernelKind.OPAQUE:
+        # korch's runtime runs a TopK itself, a step of a segment (Note [Native TopK])
+        if target == "cpu" and native and get_backend("native").supports(kgraph):
+            return ("native",)
         return ("ort",)
     backends = [b for b in all_backends() if kind in b.kinds and target in getattr(b, "targets", ("cpu",))]
     names = [b.name for b in backends if b.supports(kgraph)]

@@ -44,6 +44,9 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 24, 19, 21), w_shape=(24, 1, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=24, bias=True),
         # Note [Padded depthwise rows]: rows dilated, 7 wide (not a multiple of 8), asymmetric pads
         dict(x_shape=(1, 8, 15, 7), w_shape=(8, 1, 3, 5), strides=(1, 1), pads=(2, 1, 0, 3), group=8, dil=(2, 1)),
+        # column strides 2 and 3: phase planes, asymmetric pads, odd widths
+        dict(x_shape=(1, 16, 23, 29), w_shape=(16, 1, 3, 3), strides=(2, 2), pads=(0, 1, 1, 0), group=16),
+        dict(x_shape=(1, 8, 10, 26), w_shape=(8, 1, 3, 4), strides=(1, 3), pads=(1, 2, 1, 1), group=8, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -54,6 +57,8 @@ def test_matmul_split(case, tmp_path):
         "3x3_two_k_blocks",
         "depthwise_3x3_rows",
         "depthwise_padded_dilated_rows",
+        "depthwise_3x3_s2_phases",
+        "depthwise_3x4_s3_phases",
     ],
 )
 def test_conv_split(case, tmp_path):

@@ -26,13 +26,14 @@ _INTO = types.SimpleNamespace(run_into=True)  # plan_arena: a step writing given
 def native_kind(step: Step) -> str | None:
     """ "tvm" or "linear" when the step can join a segment, else None."""
     from korch.kernels.native.linear import NativeLinearKernel
+    from korch.kernels.native.topk import NativeTopKKernel
     from korch.kernels.tvm.backend import TvmKernel
 
     k = step.kernel
     if isinstance(k, TvmKernel) and k.prim_func is not None:
         return "tvm"
-    if isinstance(k, NativeLinearKernel):
-        return "linear"
+    if isinstance(k, (NativeLinearKernel, NativeTopKKernel)):
+        return "linear"  # a kernel of korch's runtime (korch_linear_create)
     return None
 
 
@@ -125,8 +126,9 @@ def build_segment(
             arg += [const_slot(h) for h in hid]
             drv_steps.append(("tvm", sym, arg, specs + ospecs + [(h.shape, str(h.dtype)) for h in hid]))
         else:
-            arg = [read(node, (s, "float32")) for node, s in zip(st.inputs, k.input_shapes)]
-            arg += [write(node, (tuple(k.plan.shape), "float32")) for node in st.outputs]
+            ins, outs = k.arg_specs()
+            arg = [read(node, sp) for node, sp in zip(st.inputs, ins)]
+            arg += [write(node, sp) for node, sp in zip(st.outputs, outs)]
             drv_steps.append(("linear", k.code.tolist(), arg))
     for node in produced:
         if node in later:

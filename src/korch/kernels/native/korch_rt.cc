@@ -410,7 +410,65 @@ struct Linear {
     }
   }
 
-  int run(void* const* ptrs) const { return op == 0 ? matmul(ptrs) : conv(ptrs); }
+  // topk (op 2): along an axis of length L, between outer and inner extents
+  int64_t tk_outer = 0, tk_len = 0, tk_inner = 0, tk_k = 0, tk_largest = 1;
+  std::vector<int64_t> tk_which;  // per output: 0 the values (float32), 1 the indices (int64)
+
+  int run(void* const* ptrs) const { return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : topk(ptrs); }
+
+  // Note [Native TopK]
+  // ~~~~~~~~~~~~~~~~~~
+  // ONNX TopK with sorted = 1, as onnxruntime computes it: the k largest (smallest)
+  // values of each line along the axis in order, an equal value's lower index first.
+  // An onnxruntime session between two native segments cost its own call, its pool's
+  // wake-up and a second segment call (opaque's [1, 64, 128] TopK: 43 us measured alone,
+  // 138 us in place); here it is a step of the segment. Each line keeps its best k by
+  // insertion (partial_sort with a comparator over indices took 92 us for that TopK),
+  // lines split over the pool when there are many.
+  int topk(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    float* V = nullptr;
+    int64_t* I = nullptr;
+    for (int64_t j = 0; j < nout; ++j) {
+      if (tk_which[(size_t)j] == 0) V = static_cast<float*>(ptrs[nin + j]);
+      else I = static_cast<int64_t*>(ptrs[nin + j]);
+    }
+    const int64_t lines = tk_outer * tk_inner, L = tk_len, K = tk_k, inner = tk_inner;
+    const bool largest = tk_largest != 0;
+    const int T = (double)lines * L < 65536.0 ? 1 : threads();
+    parallel_for(lines, T, [&](int64_t t) {
+      const int64_t o = t / inner, in = t % inner;
+      const float* x = X + o * L * inner + in;
+      // the best k so far, in order, kept by insertion: an element not better than the
+      // k-th is one compare (most of a random line once the buffer fills); equal values
+      // keep the lower index first because the line is scanned in index order
+      thread_local std::vector<float> bv;
+      thread_local std::vector<int64_t> bi;
+      bv.resize((size_t)K);
+      bi.resize((size_t)K);
+      float* __restrict pv = bv.data();  // (a thread_local in a shared library is a call per use)
+      int64_t* __restrict pi = bi.data();
+      int64_t n = 0;
+      for (int64_t i = 0; i < L; ++i) {
+        const float u = x[i * inner];
+        if (n == K && !(largest ? u > pv[(size_t)(K - 1)] : u < pv[(size_t)(K - 1)])) continue;
+        int64_t j = n < K ? n++ : K - 1;
+        while (j > 0 && (largest ? u > pv[(size_t)(j - 1)] : u < pv[(size_t)(j - 1)])) {
+          pv[(size_t)j] = pv[(size_t)(j - 1)];
+          pi[(size_t)j] = pi[(size_t)(j - 1)];
+          --j;
+        }
+        pv[(size_t)j] = u;
+        pi[(size_t)j] = i;
+      }
+      const int64_t base = o * K * inner + in;
+      for (int64_t i = 0; i < K; ++i) {
+        if (V) V[base + i * inner] = pv[(size_t)i];
+        if (I) I[base + i * inner] = pi[(size_t)i];
+      }
+    });
+    return 0;
+  }
 
   // B packed (groups of [K, N] operands, B(k, n) = W[g * gstride + k * bk + n * bn]), once
   const float* pack(const float* W, int64_t groups, int64_t gstride, int64_t K, int64_t N, int64_t bk,
@@ -521,18 +579,55 @@ struct Linear {
   // Segformer's 3x3 over 256 channels of 16 x 16: 280 us tap by tap (16-wide rows are
   // mostly edges), 111-121 us so, one thread (a ctypes loop over
   // korch_linear_run; onnxruntime's conv + bias measured 82 us on two threads).
+  // A column stride s > 1 splits the plane into s phase planes (plane p holds padded
+  // columns p, p + s, ...), so tap kx of eight neighbouring outputs is still one
+  // contiguous load, at column kx / s of plane kx % s. Tap by tap, MobileNetV3's
+  // strided 5x5 depthwise convs ran at 1-2 GFLOP/s (rows of 7 to 14 outputs are
+  // mostly loop overhead).
   static constexpr int64_t PADDED_TAPS = 64;
-  bool padded_depthwise() const { return sw == 1 && dw == 1 && kh * kw <= PADDED_TAPS; }
+  bool padded_depthwise() const { return dw == 1 && sw >= 1 && sw <= 4 && kh * kw <= PADDED_TAPS; }
 
   void depthwise_padded(const float* x, const float* k, float* y) const {
-    const int64_t wv = (wo + 7) / 8 * 8, pw = wv + kw - 1, ph = (ho - 1) * sh + (kh - 1) * dh + 1;
+    const int64_t s = sw, wv = (wo + 7) / 8 * 8, pw = wv + (kw - 1) / s + 1;
+    const int64_t ph = (ho - 1) * sh + (kh - 1) * dh + 1, plane = ph * pw;
     thread_local std::vector<float> P, R;
-    P.assign((size_t)(ph * pw), 0.0f);
-    const int64_t ncopy = std::min(w, pw - pl);
+    P.assign((size_t)(s * plane), 0.0f);
     for (int64_t r = 0; r < ph; ++r) {
       const int64_t iy = r - pt;
-      if (iy >= 0 && iy < h && ncopy > 0) std::memcpy(P.data() + r * pw + pl, x + iy * w, sizeof(float) * ncopy);
+      if (iy < 0 || iy >= h) continue;
+      const float* src = x + iy * w;
+      if (s == 1) {
+        const int64_t ncopy = std::min(w, pw - pl);
+        if (ncopy > 0) std::memcpy(P.data() + r * pw + pl, src, sizeof(float) * ncopy);
+        continue;
+      }
+      if (s == 2) {  // the padded row in a line buffer, split eight pairs at a time
+        thread_local std::vector<float> line;
+        line.assign((size_t)(2 * pw + 16), 0.0f);
+        const int64_t ncopy = std::min(w, 2 * pw - pl);
+        if (ncopy > 0) std::memcpy(line.data() + pl, src, sizeof(float) * ncopy);
+        float* ev = P.data() + r * pw;
+        float* od = ev + plane;
+        int64_t q = 0;
+        for (; q + 8 <= pw; q += 8) {
+          const __m256 a = _mm256_loadu_ps(line.data() + 2 * q), b = _mm256_loadu_ps(line.data() + 2 * q + 8);
+          const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+          const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+          _mm256_storeu_ps(ev + q, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+          _mm256_storeu_ps(od + q, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+        }
+        for (; q < pw; ++q) ev[q] = line[(size_t)(2 * q)], od[q] = line[(size_t)(2 * q + 1)];
+        continue;
+      }
+      for (int64_t ph0 = 0; ph0 < s; ++ph0) {  // padded column j = q * s + ph0 (no divide per element)
+        float* dst = P.data() + ph0 * plane + r * pw;
+        for (int64_t q = 0, ix = ph0 - pl; q < pw; ++q, ix += s)
+          if (ix >= 0 && ix < w) dst[q] = src[ix];
+      }
     }
+    int64_t toff[PADDED_TAPS];
+    for (int64_t ky = 0; ky < kh; ++ky)
+      for (int64_t kx = 0; kx < kw; ++kx) toff[ky * kw + kx] = (kx % s) * plane + ky * dh * pw + kx / s;
     __m256 kv[PADDED_TAPS];
     for (int64_t t = 0; t < kh * kw; ++t) kv[t] = _mm256_set1_ps(k[t]);
     // four output vectors at a time: four FMA chains in flight, not one waiting on itself
@@ -548,15 +643,13 @@ struct Linear {
         if (q0 + j + 1 < total && (v += 8) == wv) v = 0, ++oy;  // the last vector repeats
       }
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t ky = 0; ky < kh; ++ky) {
-        const int64_t off = ky * dh * pw;
-        for (int64_t kx = 0; kx < kw; ++kx) {
-          const __m256 kk = kv[ky * kw + kx];
-          a0 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[0] + off + kx), a0);
-          a1 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[1] + off + kx), a1);
-          a2 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[2] + off + kx), a2);
-          a3 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[3] + off + kx), a3);
-        }
+      for (int64_t t = 0; t < kh * kw; ++t) {
+        const __m256 kk = kv[t];
+        const int64_t off = toff[t];
+        a0 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[0] + off), a0);
+        a1 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[1] + off), a1);
+        a2 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[2] + off), a2);
+        a3 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[3] + off), a3);
       }
       _mm256_storeu_ps(dst[3], a3);  // (repeats of the last vector when nq < 4 store the same)
       _mm256_storeu_ps(dst[2], a2);
@@ -883,6 +976,13 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     k->N = r.next();
     for (int64_t i = 0; i < k->batch && r.ok; ++i) k->aoff.push_back(r.next());
     for (int64_t i = 0; i < k->batch && r.ok; ++i) k->boff.push_back(r.next());
+  } else if (k->op == 2) {
+    int64_t* f[] = {&k->tk_outer, &k->tk_len, &k->tk_inner, &k->tk_k, &k->tk_largest};
+    for (int64_t* x : f) *x = r.next();
+    for (int64_t j = 0; j < k->nout && r.ok; ++j) k->tk_which.push_back(r.next());
+    for (int64_t w : k->tk_which)
+      if (w != 0 && w != 1) r.ok = false;
+    if (k->tk_k < 1 || k->tk_k > k->tk_len || k->tk_outer < 1 || k->tk_inner < 1) r.ok = false;
   } else {
     int64_t* f[] = {&k->n, &k->c, &k->h, &k->w, &k->co, &k->kh, &k->kw, &k->sh,
                     &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->group, &k->ho, &k->wo};
@@ -907,7 +1007,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version != 1 || r.i != n || D < 1 || (k->op != 0 && k->op != 1) || k->main < 0 || k->main >= k->nout ||
+  if (!r.ok || version != 1 || r.i != n || D < 1 || k->op < 0 || k->op > 2 || (k->op == 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main >= k->nout ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

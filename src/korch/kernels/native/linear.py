@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels.base import Backend, CompiledKernel, buffer_address, register
 from korch.kernels.epilogue import EPILOGUE_UNARY, LinearPlan, load_consts, match_linear, save_consts
+from korch.kernels.native.toolchain import runtime
 
 CODE_VERSION = 1
 OP_CODES = {
@@ -157,21 +157,6 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     return np.asarray(code, dtype=np.int64)
 
 
-@functools.cache
-def runtime() -> ctypes.CDLL:
-    from korch.kernels.native.toolchain import load_runtime
-
-    lib = load_runtime()
-    lib.korch_linear_create.restype = ctypes.c_void_p
-    lib.korch_linear_create.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    lib.korch_linear_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    lib.korch_linear_free.argtypes = [ctypes.c_void_p]
-    lib.korch_last_error.restype = ctypes.c_char_p
-    lib.korch_set_threads.argtypes = [ctypes.c_int]
-    lib.korch_pool_hold.argtypes = [ctypes.c_int]
-    return lib
-
-
 def plan_of(kgraph: Graph) -> LinearPlan | None:
     return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY)
 
@@ -195,6 +180,11 @@ class NativeLinearKernel(CompiledKernel):
         for i, a in self._const_at.items():  # the weights' addresses never change
             self._ptrs[i] = a.ctypes.data
         self._moving = [i for i in range(len(self.input_shapes)) if i not in self._const_at]
+
+    def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
+        """(shape, dtype) of each input and output, as a segment lays them out."""
+        out = (tuple(self.plan.shape), "float32")
+        return [(s, "float32") for s in self.input_shapes], [out] * self.n_outputs
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -242,9 +232,13 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    kinds = frozenset({"linear"})
+    kinds = frozenset({"linear", "opaque"})  # opaque: TopK (topk.py)
 
     def supports(self, kgraph: Graph) -> bool:
+        from korch.kernels.native.topk import topk_spec
+
+        if topk_spec(kgraph) is not None:
+            return True
         plan = plan_of(kgraph)
         if plan is None:
             return False
@@ -255,6 +249,13 @@ class NativeBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
+        from korch.kernels.native.topk import build_topk, topk_spec
+
+        spec = topk_spec(kgraph)
+        if spec is not None:
+            topk = build_topk(kgraph, spec, consts)
+            topk.set_threads(num_threads)
+            return topk
         plan = plan_of(kgraph)
         if plan is None:
             raise ValueError("native backend: not a MATMUL/CONV with an elementwise epilogue")
@@ -263,6 +264,12 @@ class NativeBackend(Backend):
         return k
 
     def load(self, meta: dict[str, Any], directory: Path, num_threads: int) -> CompiledKernel:
+        if meta.get("op") == "topk":
+            from korch.kernels.native.topk import load_topk
+
+            topk = load_topk(meta)
+            topk.set_threads(num_threads)
+            return topk
         plan, consts = load_consts(meta, directory)
         k = NativeLinearKernel(plan, consts, [tuple(s) for s in meta["input_shapes"]])
         k.set_threads(num_threads)

@@ -25,6 +25,7 @@ onnxruntime's.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -194,3 +195,17 @@ def link_shared(source: str, objects: list[Path], out: Path) -> Path:
         )
         shutil.move(str(lib), out)
     return out
+
+
+@functools.cache
+def runtime() -> ctypes.CDLL:
+    """The runtime with the signatures its native kernels (linear.py, topk.py) call."""
+    lib = load_runtime()
+    lib.korch_linear_create.restype = ctypes.c_void_p
+    lib.korch_linear_create.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.korch_linear_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.korch_linear_free.argtypes = [ctypes.c_void_p]
+    lib.korch_last_error.restype = ctypes.c_char_p
+    lib.korch_set_threads.argtypes = [ctypes.c_int]
+    lib.korch_pool_hold.argtypes = [ctypes.c_int]
+    return lib
