@@ -29,7 +29,6 @@ to a slot, a row of scratch, and a later binary step reads the slot.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.kernels.base import Backend, CompiledKernel, buffer_address, register
 from korch.kernels.epilogue import EPILOGUE_UNARY, LinearPlan, load_consts, match_linear, save_consts
-from korch.kernels.native.toolchain import runtime
+from korch.kernels.native.rtkernel import RuntimeKernel
 
 CODE_VERSION = 1
 OP_CODES = {
@@ -161,20 +160,13 @@ def plan_of(kgraph: Graph) -> LinearPlan | None:
     return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY)
 
 
-class NativeLinearKernel(CompiledKernel):
-    backend = "native"
-
+class NativeLinearKernel(RuntimeKernel):
     def __init__(self, plan: LinearPlan, consts: dict[str, np.ndarray], input_shapes: Sequence[tuple[int, ...]]):
         self.plan = plan
         self.input_shapes = [tuple(s) for s in input_shapes]
-        self.code = encode(plan, self.input_shapes)
+        self._create(encode(plan, self.input_shapes))
         self.consts = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in consts.items()}
         self._const_at = {plan.input_names.index(k): v for k, v in self.consts.items() if k in plan.input_names}
-        self._lib = runtime()
-        handle = self._lib.korch_linear_create(self.code.ctypes.data, len(self.code))
-        if not handle:
-            raise RuntimeError(self._lib.korch_last_error().decode())
-        self._handle = ctypes.c_void_p(handle)
         self.n_outputs = len(plan.taps) or 1
         self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + self.n_outputs))()
         for i, a in self._const_at.items():  # the weights' addresses never change
@@ -185,25 +177,6 @@ class NativeLinearKernel(CompiledKernel):
         """(shape, dtype) of each input and output, as a segment lays them out."""
         out = (tuple(self.plan.shape), "float32")
         return [(s, "float32") for s in self.input_shapes], [out] * self.n_outputs
-
-    def __del__(self):
-        h = getattr(self, "_handle", None)
-        if h is not None and h.value:
-            self._lib.korch_linear_free(h)
-
-    @contextlib.contextmanager
-    def timed(self):
-        # Note [One pool, awake for a segment] in korch_rt.cc: in place, the kernel runs in
-        # a segment that holds the pool, its workers spinning; measured alone without the
-        # hold, each call would find them asleep and run mostly on one thread
-        self._lib.korch_pool_hold(1)
-        try:
-            yield
-        finally:
-            self._lib.korch_pool_hold(0)
-
-    def set_threads(self, num_threads: int) -> None:
-        self._lib.korch_set_threads(int(num_threads))
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         # (addresses by buffer_address: ``.ctypes.data`` per argument made a 2 us kernel
@@ -216,8 +189,7 @@ class NativeLinearKernel(CompiledKernel):
         outs = [np.empty(self.plan.shape, dtype=np.float32) for _ in range(self.n_outputs)]
         for j, o in enumerate(outs):
             self._ptrs[len(inputs) + j] = buffer_address(o)
-        if self._lib.korch_linear_run(self._handle, self._ptrs) != 0:
-            raise RuntimeError(f"native linear kernel failed: {self._lib.korch_last_error().decode()}")
+        self._run("linear kernel")
         return outs
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ runtime reads (``korch_linear_create``, op 2)::
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 from collections.abc import Sequence
@@ -24,7 +23,8 @@ import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.kernels.base import CompiledKernel, buffer_address
+from korch.kernels.base import buffer_address
+from korch.kernels.native.rtkernel import RuntimeKernel
 
 
 class TopKSpec:
@@ -90,45 +90,20 @@ def encode_topk(spec: TopKSpec, x_shape: Sequence[int], k: int, n_inputs: int) -
     return np.asarray(code, dtype=np.int64)
 
 
-class NativeTopKKernel(CompiledKernel):
-    backend = "native"
-
+class NativeTopKKernel(RuntimeKernel):
     def __init__(self, spec: TopKSpec, k: int, input_shapes: Sequence[tuple[int, ...]], input_dtypes: Sequence[str]):
-        from korch.kernels.native.toolchain import runtime
-
         self.spec, self.k = spec, int(k)
         self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
         self.input_dtypes = [str(d) for d in input_dtypes]
         x_shape = self.input_shapes[spec.x_pos]
         self.out_shape = tuple(x_shape[: spec.axis]) + (self.k,) + tuple(x_shape[spec.axis + 1 :])
         self.out_dtypes = ["float32" if w == 0 else "int64" for w in spec.which]
-        self.code = encode_topk(spec, x_shape, self.k, len(self.input_shapes))
-        self._lib = runtime()
-        handle = self._lib.korch_linear_create(self.code.ctypes.data, len(self.code))
-        if not handle:
-            raise RuntimeError(self._lib.korch_last_error().decode())
-        self._handle = ctypes.c_void_p(handle)
+        self._create(encode_topk(spec, x_shape, self.k, len(self.input_shapes)))
         self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + len(spec.which)))()
 
     def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
         """(shape, dtype) of each input and output, as a segment lays them out."""
         return list(zip(self.input_shapes, self.input_dtypes)), [(self.out_shape, d) for d in self.out_dtypes]
-
-    def __del__(self):
-        h = getattr(self, "_handle", None)
-        if h is not None and h.value:
-            self._lib.korch_linear_free(h)
-
-    @contextlib.contextmanager
-    def timed(self):
-        self._lib.korch_pool_hold(1)  # as in a segment (NativeLinearKernel.timed)
-        try:
-            yield
-        finally:
-            self._lib.korch_pool_hold(0)
-
-    def set_threads(self, num_threads: int) -> None:
-        self._lib.korch_set_threads(int(num_threads))
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         x = np.ascontiguousarray(inputs[self.spec.x_pos], dtype=np.float32)
@@ -136,8 +111,7 @@ class NativeTopKKernel(CompiledKernel):
         outs = [np.empty(self.out_shape, dtype=d) for d in self.out_dtypes]
         for j, o in enumerate(outs):
             self._ptrs[len(self.input_shapes) + j] = buffer_address(o)
-        if self._lib.korch_linear_run(self._handle, self._ptrs) != 0:
-            raise RuntimeError(f"native TopK failed: {self._lib.korch_last_error().decode()}")
+        self._run("TopK")
         return outs
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
