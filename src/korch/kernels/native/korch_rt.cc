@@ -603,9 +603,11 @@ struct Linear {
       }
       if (s == 2) {  // the padded row in a line buffer, split eight pairs at a time
         thread_local std::vector<float> line;
-        line.assign((size_t)(2 * pw + 16), 0.0f);
-        const int64_t ncopy = std::min(w, 2 * pw - pl);
+        const int64_t len = 2 * pw + 16, ncopy = std::max<int64_t>(0, std::min(w, 2 * pw - pl));
+        line.resize((size_t)len);  // only the padding is zeroed, per row
+        std::fill(line.begin(), line.begin() + std::min(pl, len), 0.0f);
         if (ncopy > 0) std::memcpy(line.data() + pl, src, sizeof(float) * ncopy);
+        std::fill(line.begin() + std::min(len, pl + ncopy), line.end(), 0.0f);
         float* ev = P.data() + r * pw;
         float* od = ev + plane;
         int64_t q = 0;
