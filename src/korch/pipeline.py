@@ -159,6 +159,15 @@ def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: 
     return tuple(names)
 
 
+def _fallback_for(kind: KernelKind, kgraph: Graph, target: str, backends: tuple[str, ...]) -> tuple[str, ...]:
+    """The backends Note [One thread pool] took from a kernel the native backend takes,
+    measured only if every one of ``backends`` fails (Note [Fallback backends] in
+    orchestrate/guided.py)."""
+    if "native" not in backends:
+        return ()
+    return tuple(b for b in _backends_for(kind, kgraph, target, native=False) if b not in backends)
+
+
 # Note [Library regions]
 # ~~~~~~~~~~~~~~~~~~~~~~
 # Korch's candidates hold at most one linear primitive (Note [Generatable kernels]), so
@@ -188,7 +197,8 @@ def step_identify(ctx: Context) -> None:
             backends = _backends_for(kind, kg, ctx.settings.target, ctx.settings.native)
             if not backends:
                 continue
-            ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends))
+            fallback = _fallback_for(kind, kg, ctx.settings.target, backends)
+            ctx.candidates.append(Candidate(pi, k, kind, canonical_hash(g, k), backends, fallback=fallback))
         if ctx.settings.target == "cpu":
             for nodes in library_regions(g, part, ctx.settings.library_regions):
                 k = make_kernel(g, users, nodes)

@@ -67,7 +67,7 @@ from typing import Any
 
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind
-from korch.orchestrate.plan import native_segments, step_us
+from korch.orchestrate.plan import fall_back, native_segments, step_us
 
 
 @dataclasses.dataclass
@@ -218,6 +218,8 @@ def step_profile(ctx) -> None:
     results: dict = {}
     confirmed = (0, 0)
 
+    fallback = {c.hash: c.fallback for c in ctx.candidates if c.fallback}
+
     def measure(ws) -> None:
         if not ws:
             return
@@ -226,6 +228,7 @@ def step_profile(ctx) -> None:
         for f in ("requested", "cached", "measured", "failed"):
             setattr(stats, f, getattr(stats, f) + getattr(st, f))
         stats.seconds += st.seconds
+        measure(fall_back(ws, results, fallback))  # Note [Fallback backends]
 
     try:
         if not s.guided_profiling or not pred:
@@ -238,6 +241,7 @@ def step_profile(ctx) -> None:
                     m = db.lookup(w.hash, s.target, b, w.config, versions_of(b))
                     if m is not None:
                         results[(w.hash, b)] = m
+            measure(fall_back(workloads.values(), results, fallback))
             measure([w for h, w in workloads.items() if h not in pred])
             # Note [Model-guided profiling], step 2: seeds among what an uncalibrated
             # first round would choose
@@ -256,9 +260,8 @@ def step_profile(ctx) -> None:
         db.close()
 
     _record_build_failures(workloads, results)
-    for c in ctx.candidates:  # a failed tiling took tvm away (Note [Skipped optimizations])
-        if "tvm" in c.backends and "tvm" not in workloads[c.hash].backends:
-            c.backends = workloads[c.hash].backends
+    for c in ctx.candidates:  # a failed tiling took tvm away, a fallback joined (Notes [Skipped
+        c.backends = workloads[c.hash].backends  # optimizations], [Fallback backends])
     ctx.candidates = [c for c in ctx.candidates if c.backends]
     measured_hashes = set()
     native = native_segments(s)

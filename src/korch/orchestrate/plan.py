@@ -55,6 +55,34 @@ def step_us(m, backend: str, native: bool) -> float:
     return math.inf if not m.ok or m.median_us is None else m.median_us + step_cost_us(backend, native)
 
 
+# Note [Fallback backends]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# Where the native backend takes a kernel, the libraries with pools of their own are
+# not candidates (Note [One thread pool] in korch.pipeline), so a native build that
+# fails (a compiler error, a shape the runtime refuses, a crash while measured) would
+# leave that kernel nothing to run on, and a lone Conv's partition no plan at all. The
+# backends taken away are kept as the candidate's ``fallback``: once every backend of
+# a workload has a failed measurement, its fallback joins its backends, is measured
+# like any other, and the report records the failure (stage "fallback"). A model
+# therefore compiles whenever onnxruntime runs it, whatever korch's runtime refuses.
+def fall_back(workloads, results: dict, fallback: dict[str, tuple[str, ...]]) -> list:
+    """The workloads whose every backend failed and that have a fallback left, with it
+    added to their backends (taken out of ``fallback``); Note [Fallback backends]."""
+    from korch.diagnostics import record
+
+    out = []
+    for w in workloads:
+        failed = [results.get((w.hash, b)) for b in w.backends]
+        if w.hash not in fallback or not all(m is not None and not m.ok for m in failed):
+            continue
+        extra = fallback.pop(w.hash)
+        why = "; ".join(f"{b}: {m.status} {(m.error or '').strip()[:120]}" for b, m in zip(w.backends, failed))
+        record("fallback", f"{w.hash[:16]}/{'+'.join(extra)}", why, error="every backend failed")
+        w.backends = tuple(w.backends) + extra
+        out.append(w)
+    return out
+
+
 @dataclasses.dataclass
 class Candidate:
     partition: int  # -1: a kernel over the whole graph (a baseline plan's)
@@ -65,6 +93,7 @@ class Candidate:
     cost_us: float = math.inf
     backend: str = ""
     tile_config: Any = None  # tvm: the TileConfig it was measured with (and is built with)
+    fallback: tuple[str, ...] = ()  # measured only if every backend fails (Note [Fallback backends])
 
 
 class PlanFamily(str, enum.Enum):
