@@ -96,6 +96,8 @@ def settings_from_args(args):
         kw["db_path"] = args.db
     if args.threads:
         kw["num_threads"] = args.threads
+    if not getattr(args, "openvino_plans", True):
+        kw["openvino_plans"] = False
     if getattr(args, "composed_only", False):
         kw.update(library_regions=0, whole_plans=False)
     if getattr(args, "max_states", None):
@@ -206,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
             dest="plan_check",
             action="store_false",
             help="keep the BLP's plan without timing alternatives end to end (deterministic choice)",
+        )
+        sp.add_argument(
+            "--no-openvino",
+            dest="openvino_plans",
+            action="store_false",
+            help="race no whole-graph OpenVINO plan (Note [OpenVINO as a library])",
         )
         sp.add_argument(
             "--composed-only",

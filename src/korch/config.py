@@ -58,6 +58,9 @@ class Settings:
     # composed plan beats it (Note [Keeping a plan over the baseline]); False races the
     # composed plans only (benchmarks/tiling_integration.py guided --plan-check composed)
     whole_plans: bool = True
+    # ... and, with whole_plans, the model and korch's graph as one OpenVINO kernel each
+    # (Note [OpenVINO as a library]), kept only if faster than onnxruntime's by every measure
+    openvino_plans: bool = True
     # ... and the BLP again on the costs its plan's kernels show in place, this many times
     in_place_rounds: int = 2
     # profiling

@@ -152,6 +152,21 @@ def _add_whole_plans(inp: PlanInputs, plans: dict[str, Plan]) -> None:
             plans[MODEL_PLAN] = _model_plan(inp)
         except Exception as e:  # noqa: BLE001
             log.info("plan check: the model as one onnxruntime kernel failed: %s", e)
+    if inp.settings.openvino_plans and _has_backend("openvino"):
+        for name, make in ((OV_MODEL_PLAN, _model_plan), (OV_REGION_PLAN, _one_region_plan)):
+            if _memory_full(inp):
+                break
+            try:  # Note [OpenVINO as a library]: kept only if it beats onnxruntime's model
+                plans[name] = make(inp, backend="openvino")
+            except Exception as e:  # noqa: BLE001
+                inp.report.setdefault("plan_check_failed", {})[name] = f"{type(e).__name__}: {str(e)[:200]}"
+                log.info("plan check: %s failed: %s", name, e)
+
+
+def _has_backend(name: str) -> bool:
+    from korch.kernels.registry import all_backends
+
+    return any(b.name == name for b in all_backends())
 
 
 # Note [The model as a plan]
@@ -168,6 +183,9 @@ MODEL_PLAN = "the model"
 # the plans of one onnxruntime kernel over the whole graph, in baseline order (their
 # builders rebuild them; Note [Keeping a plan over the baseline])
 WHOLE_PLANS = (MODEL_PLAN, "one region, unrewritten", "one region")
+# the same on OpenVINO (Note [OpenVINO as a library]): challengers, never the baseline
+OV_MODEL_PLAN = "the model on OpenVINO"
+OV_REGION_PLAN = "one region on OpenVINO"
 
 
 # Note [Keeping a plan over the baseline]
@@ -218,14 +236,16 @@ def beats(a: dict, b: dict) -> bool:
 # is idle (``time_alternating(quiesce_first=True)``).
 
 
-def _one_region_plan(inp: PlanInputs) -> Plan:
-    """The whole primitive graph as a single onnxruntime kernel, built."""
+def _one_region_plan(inp: PlanInputs, backend: str = "ort") -> Plan:
+    """The whole primitive graph as a single kernel of ``backend`` (onnxruntime or
+    OpenVINO), built."""
     g = inp.graph
     whole = make_kernel(g, g.users(), g.compute_ids())
-    chosen = [Candidate(-1, whole, KernelKind.REGION, canonical_hash(g, whole), ("ort",), math.nan, "ort")]
+    chosen = [Candidate(-1, whole, KernelKind.REGION, canonical_hash(g, whole), (backend,), math.nan, backend)]
     exe = inp.build(chosen)
-    exe.steps[0].kernel.set_spin(True)  # the kernel runs alone
-    return Plan("one region", PlanFamily.BASELINE, chosen, exe)
+    if backend == "ort":
+        exe.steps[0].kernel.set_spin(True)  # the kernel runs alone
+    return Plan("one region" if backend == "ort" else OV_REGION_PLAN, PlanFamily.BASELINE, chosen, exe)
 
 
 def _bias_costs(inp: PlanInputs) -> list[tuple[str, Callable[[Candidate], float]]]:
@@ -504,9 +524,9 @@ def _unrewritten_plan(inp: PlanInputs) -> Plan:
     return _whole_plan(inp, "one region, unrewritten", model, feeds, outs, canonical_hash(pre, k))
 
 
-def _model_plan(inp: PlanInputs) -> Plan:
+def _model_plan(inp: PlanInputs, backend: str = "ort") -> Plan:
     """The model as loaded (folded, shapes bound) as one onnxruntime kernel: what a
-    user of onnxruntime runs. Note [The model as a plan]."""
+    user of onnxruntime runs (Note [The model as a plan]); or one OpenVINO kernel."""
     import hashlib
 
     m = inp.model
@@ -516,29 +536,31 @@ def _model_plan(inp: PlanInputs) -> Plan:
     model = m.SerializeToString()
     feeds = [(n, n) for n in inp.graph.inputs]
     outs = [(o.name, o.name) for o in m.graph.output]
-    return _whole_plan(inp, MODEL_PLAN, model, feeds, outs, hashlib.sha1(model).hexdigest()[:24])
+    name = MODEL_PLAN if backend == "ort" else OV_MODEL_PLAN
+    return _whole_plan(inp, name, model, feeds, outs, hashlib.sha1(model).hexdigest()[:24], backend)
 
 
-def _whole_plan(inp: PlanInputs, name: str, model: bytes, feeds, outs, digest: str) -> Plan:
-    """A plan of one onnxruntime kernel over the whole of ``inp.graph``: ``feeds`` are
-    (kernel input, graph input) names, ``outs`` (kernel output, graph output) names."""
+def _whole_plan(inp: PlanInputs, name: str, model: bytes, feeds, outs, digest: str, backend: str = "ort") -> Plan:
+    """A plan of one onnxruntime (or OpenVINO) kernel over the whole of ``inp.graph``:
+    ``feeds`` are (kernel input, graph input) names, ``outs`` (kernel output, graph
+    output) names."""
     from korch.executable import Executable, Step, TensorSpec, plan_buffers
-    from korch.kernels.ort.backend import OrtKernel, make_session
 
     g = inp.graph
-    kernel = OrtKernel(
-        make_session(model, inp.settings.num_threads, spin=True),
-        [f for f, _ in feeds],
-        range(len(feeds)),
-        [o for o, _ in outs],
-        model,
-        spin=True,
-    )
+    ins, out_names, threads = [f for f, _ in feeds], [o for o, _ in outs], inp.settings.num_threads
+    if backend == "openvino":
+        from korch.kernels.openvino.backend import OvKernel
+
+        kernel = OvKernel(model, ins, range(len(feeds)), out_names, threads)
+    else:
+        from korch.kernels.ort.backend import OrtKernel, make_session
+
+        kernel = OrtKernel(make_session(model, threads, spin=True), ins, range(len(feeds)), out_names, model, spin=True)
     outputs = tuple(g.outputs[name] for _, name in outs)
     whole = make_kernel(g, g.users(), g.compute_ids())
-    cand = Candidate(-1, whole, KernelKind.REGION, digest, ("ort",), math.nan, "ort")
+    cand = Candidate(-1, whole, KernelKind.REGION, digest, (backend,), math.nan, backend)
     step = Step(
-        f"k0_{cand.hash[:8]}", "ort", cand.hash, whole.nodes, tuple(g.inputs[n] for _, n in feeds), outputs, kernel
+        f"k0_{cand.hash[:8]}", backend, cand.hash, whole.nodes, tuple(g.inputs[n] for _, n in feeds), outputs, kernel
     )
     spec = lambda nid: TensorSpec(nid, g.nodes[nid].shape, g.nodes[nid].dtype)  # noqa: E731
     out_specs = {name: spec(nid) for name, nid in g.outputs.items()}

@@ -17,6 +17,7 @@ from korch.kernels.base import _REGISTRY, Backend
 
 BACKEND_MODULES = (
     "korch.kernels.ort.backend",
+    "korch.kernels.openvino.backend",  # only where openvino is installed; regions only
     "korch.kernels.library.numpy_blas",
     "korch.kernels.native.linear",  # needs a C++ compiler and scipy-openblas32 at build
     "korch.kernels.native.segment",  # loads saved native segments (never a candidate)

@@ -22,6 +22,12 @@ import numpy as np
 from korch.ir.graph import Graph
 from korch.kernels.base import Backend, CompiledKernel, register
 
+# the export's revision, part of every measurement's key for backends that run
+# ``to_onnx``'s output: raising nearest-upsample Gathers to Resize and pooling windows
+# to MaxPool (2), hard activations (3), Softmax, LayerNormalization and [N] biases (4),
+# GlobalAveragePool (5), linear Resize (6) changed what a kernel runs
+EXPORT_REVISION = 6
+
 
 def make_session(model: bytes | str, num_threads: int, spin: bool = False):
     import onnxruntime as ort
@@ -141,10 +147,7 @@ class OrtBackend(Backend):
     def version(self) -> str:
         import onnxruntime as ort
 
-        # the export's revision: to_onnx raising nearest-upsample Gathers to Resize and
-        # pooling windows to MaxPool (2), hard activations (3), Softmax, LayerNormalization
-        # and [N] biases (4), GlobalAveragePool (5), linear Resize (6) changed what a kernel runs
-        return f"onnxruntime-{ort.__version__}; export 6"
+        return f"onnxruntime-{ort.__version__}; export {EXPORT_REVISION}"
 
 
 register(OrtBackend())

@@ -1,0 +1,1 @@
+"""OpenVINO as a library backend (Note [OpenVINO as a library] in backend.py)."""
