@@ -11,7 +11,6 @@ Layout of an output folder::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -207,27 +206,6 @@ def held_steps(steps: Sequence[Step]) -> list[bool]:
     ]
 
 
-# Note [Lingering workers]
-# ~~~~~~~~~~~~~~~~~~~~~~~~
-# When a call returns, the hold is let go and korch's workers sleep at once; the next
-# call wakes them again, and on this VM a futex wake-up takes longer than the input
-# checks it overlaps (Note [Holding the pool through a call]): with tasks claimed, the
-# first parallel kernels of every call run mostly on the calling thread
-# (mobilenetv3_small's stem conv, the first kernel: 1246 us in place, 609 us measured
-# with the pool awake). onnxruntime's default session spins on after a call for the
-# same reason. So awake workers spin on for LINGER_US after a call (korch_pool_linger);
-# a call within that finds them awake, and a process that does something else loses
-# one core for at most that long. KORCH_POOL_LINGER_US sets it (0: sleep at once).
-LINGER_US = 1000.0
-
-
-def linger_ns() -> int:
-    """Note [Lingering workers]: how long awake workers spin on after a call, in ns."""
-    import os
-
-    return int(float(os.environ.get("KORCH_POOL_LINGER_US", LINGER_US)) * 1000)
-
-
 class Executable:
     """Runs the orchestrated kernels. Call with ``{input name: array}``; returns outputs by name."""
 
@@ -260,14 +238,11 @@ class Executable:
         self._on_device = any(is_device_kernel(s.kernel) for s in steps)  # Note [Call overhead]
         self.threads: int | None = None  # chosen at build time (Note [Runtime threads])
         self._hold, self._held_first, self._hold_steps = None, False, [0] * len(steps)
-        self._linger = None
         held = held_steps(steps)
         if any(held):
             from korch.kernels.native.toolchain import load_runtime
 
-            rt = load_runtime()
-            self._hold, self._held_first = rt.korch_pool_hold, held[0]
-            self._linger = functools.partial(rt.korch_pool_linger, linger_ns())
+            self._hold, self._held_first = load_runtime().korch_pool_hold, held[0]
             # per step: 1 take the hold before it, -1 drop it before it, 0 nothing
             self._hold_steps = [int(h) - int(prev) for h, prev in zip(held, [held[0], *held[:-1]])]
 
@@ -418,7 +393,6 @@ class Executable:
         finally:
             if held[0]:
                 hold(0)
-            self._linger()  # Note [Lingering workers]
 
     def _run(self, feeds: Mapping[str, Any], held: list[bool]) -> dict[str, np.ndarray]:
         env = self.check_inputs(feeds)

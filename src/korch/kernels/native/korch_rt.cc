@@ -59,9 +59,6 @@ int threads() { return g_threads > 0 ? g_threads : default_threads(); }
 //   a worker to wake; a job runs whole on it when none is awake yet.
 // - A spinning worker sleeps after SPIN_NS without a job, so a long serial stretch or
 //   a hold left open does not take a core for good.
-// - When an executable's call returns, awake workers spin on for a linger
-//   (korch_pool_linger; Note [Lingering workers] in korch/executable/__init__.py), so
-//   a call that follows soon finds them awake instead of paying their wake-up.
 // TVM's parallel barrier needs every task running at once, which claiming does not
 // promise: an object asking for it is not linked (segment.py: TVM_HOOKS).
 constexpr int64_t SPIN_NS = 2000000;
@@ -110,9 +107,6 @@ class Pool {
 
   int holds() const { return hold_.load(); }
 
-  // workers awake now spin on for ns more without a hold (sleeping ones stay asleep)
-  void linger(int64_t ns) { linger_until_.store(ns > 0 ? now_ns() + ns : 0, std::memory_order_relaxed); }
-
   ~Pool() {
     stop_.store(true);
     wake();
@@ -158,16 +152,14 @@ class Pool {
         continue;
       }
       if (stop_.load(std::memory_order_relaxed)) return;
-      if (hold_.load(std::memory_order_relaxed) > 0 ? (++spins & 1023 || now_ns() - idle_since < SPIN_NS)
-                                                     : now_ns() < linger_until_.load(std::memory_order_relaxed)) {
+      if (hold_.load(std::memory_order_relaxed) > 0 && (++spins & 1023 || now_ns() - idle_since < SPIN_NS)) {
         _mm_pause();
         continue;
       }
       const uint32_t e = epoch_.load(std::memory_order_seq_cst);
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
       if ((uint32_t)(state_.load(std::memory_order_seq_cst) >> 32) == seen && !stop_.load() &&
-          (hold_.load(std::memory_order_seq_cst) == 0 || now_ns() - idle_since >= SPIN_NS) &&
-          now_ns() >= linger_until_.load(std::memory_order_seq_cst))
+          (hold_.load(std::memory_order_seq_cst) == 0 || now_ns() - idle_since >= SPIN_NS))
         syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch_), FUTEX_WAIT_PRIVATE, e, nullptr, nullptr, 0);
       sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       idle_since = now_ns();
@@ -197,7 +189,6 @@ class Pool {
   std::atomic<uint32_t> epoch_{0};  // the futex word sleepers wait on
   std::atomic<int> sleepers_{0};
   std::atomic<int> hold_{0};
-  std::atomic<int64_t> linger_until_{0};  // now_ns() before which idle workers spin unheld
   std::atomic<bool> stop_{false};
   Job jobs_[2];
   uint32_t gen_ = 0;  // the launcher's own copy of the generation
@@ -1072,7 +1063,5 @@ int korch_workspace_free(int, int, void* ptr) {
 void korch_pool_hold(int on) { pool().hold(on); }
 
 int korch_pool_holds() { return pool().holds(); }
-
-void korch_pool_linger(int64_t ns) { pool().linger(ns); }
 
 }  // extern "C"

@@ -30,8 +30,6 @@ int korch_parallel_launch(int (*f)(int, void*, void*), void* cdata, int num_task
 void korch_pool_hold(int on);
 // the holds taken and not yet given back (tests)
 int korch_pool_holds();
-// awake workers spin on for ns more once no hold is left (0: they sleep at once)
-void korch_pool_linger(int64_t ns);
 // 1: TVM kernels run their parallel loops on the calling thread (Note [Serial small kernels])
 void korch_serial(int on);
 // TVM's workspace ABI (a kernel's scratch buffers)

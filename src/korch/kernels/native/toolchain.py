@@ -167,9 +167,7 @@ def load_runtime():
     ``libkorch_rt.so`` dependency (by soname) is this one library and pool."""
     import ctypes
 
-    lib = ctypes.CDLL(str(runtime_library()), mode=ctypes.RTLD_GLOBAL)
-    lib.korch_pool_linger.argtypes = [ctypes.c_int64]
-    return lib
+    return ctypes.CDLL(str(runtime_library()), mode=ctypes.RTLD_GLOBAL)
 
 
 def link_shared(source: str, objects: list[Path], out: Path) -> Path:
