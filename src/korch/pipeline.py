@@ -131,10 +131,16 @@ def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: 
     from korch.kernels.registry import all_backends, get_backend
 
     if kind is KernelKind.OPAQUE:
-        # korch's runtime runs a TopK itself, a step of a segment (Note [Native TopK])
+        # korch's runtime runs a TopK itself, a step of a segment (Note [Native TopK]);
+        # on a device, a TopK stays there (Note [Device TopK])
         if target == "cpu" and native and get_backend("native").supports(kgraph):
             return ("native",)
-        return ("ort",)
+        on_device = [
+            b.name
+            for b in all_backends()
+            if target != "cpu" and "opaque" in b.kinds and b.targets == {target} and b.supports(kgraph)
+        ]
+        return tuple(on_device) or ("ort",)
     backends = [b for b in all_backends() if kind in b.kinds and target in getattr(b, "targets", ("cpu",))]
     names = [b.name for b in backends if b.supports(kgraph)]
     if target == "cpu":
@@ -160,9 +166,11 @@ def _backends_for(kind: KernelKind, kgraph: Graph, target: str = "cpu", native: 
 
 
 def _fallback_for(kind: KernelKind, kgraph: Graph, target: str, backends: tuple[str, ...]) -> tuple[str, ...]:
-    """The backends Note [One thread pool] took from a kernel the native backend takes,
-    measured only if every one of ``backends`` fails (Note [Fallback backends] in
-    orchestrate/guided.py)."""
+    """The backends Note [One thread pool] took from a kernel the native backend takes
+    (onnxruntime, for an opaque kernel another backend took), measured only if every
+    one of ``backends`` fails (Note [Fallback backends] in orchestrate/plan.py)."""
+    if kind is KernelKind.OPAQUE:
+        return () if "ort" in backends else ("ort",)  # onnxruntime runs any opaque operator
     if "native" not in backends:
         return ()
     return tuple(b for b in _backends_for(kind, kgraph, target, native=False) if b not in backends)

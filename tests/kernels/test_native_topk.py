@@ -87,3 +87,32 @@ def test_topk_refused_when_unsorted_or_k_computed():
     m.graph.input.append(helper.make_tensor_value_info("k", TensorProto.INT64, [1]))
     kg2, consts2 = kernel_of(fission(m))
     assert topk_spec(kg2) is None and not get_backend("native").supports(kg2)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "x".join(map(str, c["shape"])) + f"_k{c['k']}")
+def test_device_topk_matches_onnxruntime_with_ties_and_reloads(case, tmp_path):
+    """Note [Device TopK]: the cuda target's TopK (torch's stable sort; CPU tensors
+    here) equals onnxruntime's values and indices, ties lower index first; it saves and
+    loads; on the cuda target it is the TopK's backend and onnxruntime its fallback."""
+    pytest.importorskip("torch")
+    from korch.ir.subgraph import KernelKind
+    from korch.pipeline import _backends_for, _fallback_for
+
+    model = topk_model(**case)
+    kg, consts = kernel_of(fission(model))
+    backend = get_backend("torch_topk")
+    assert backend.supports(kg)
+    assert _backends_for(KernelKind.OPAQUE, kg, "cuda") == ("torch_topk",)
+    assert _fallback_for(KernelKind.OPAQUE, kg, "cuda", ("torch_topk",)) == ("ort",)
+    assert _backends_for(KernelKind.OPAQUE, kg, "cpu") == ("ort",)  # no device backend on the cpu target
+    x = np.round(np.random.default_rng(0).standard_normal(case["shape"]) * 2).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    args = [x if name not in consts else consts[name] for name in kg.inputs]
+    kern = backend.build(kg, consts, 1)
+    loaded = backend.load(kern.save(tmp_path, "k0"), tmp_path, 1)
+    for k in (kern, loaded):
+        got = k(args)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)

@@ -409,13 +409,17 @@ def test_backend_selection_by_target():
     assert _backends_for("linear", b.graph, "cpu")
 
 
-@pytest.mark.parametrize("name", ["mlp", "attention"])
+@pytest.mark.parametrize("name", ["mlp", "attention", "opaque"])
 def test_optimize_for_cuda_under_interpreter(name, tmp_path):
     import korch
     from korch.models import zoo
     from korch.profile.e2e import max_rel_error, ort_session, random_feeds
 
-    model = zoo.mlp(seq=4, dim=8) if name == "mlp" else zoo.attention(seq=4, dim=8, heads=2)
+    model = {
+        "mlp": lambda: zoo.mlp(seq=4, dim=8),
+        "attention": lambda: zoo.attention(seq=4, dim=8, heads=2),
+        "opaque": lambda: zoo.opaque(seq=4, dim=8, k=3),  # its TopK on the device (Note [Device TopK])
+    }[name]()
     cm = korch.optimize(
         model,
         output_dir=tmp_path / "out",
@@ -432,7 +436,8 @@ def test_optimize_for_cuda_under_interpreter(name, tmp_path):
     )
     by_backend = cm.report["kernels_by_backend"]
     assert by_backend.get("triton", 0) >= 1 and by_backend.get("torch_cuda", 0) >= 1, by_backend
-    assert set(by_backend) <= {"triton", "torch_cuda"}, by_backend  # every kernel on the device
+    assert set(by_backend) <= {"triton", "torch_cuda", "torch_topk"}, by_backend  # every kernel on the device
+    assert by_backend.get("torch_topk", 0) == (name == "opaque"), by_backend
     assert cm.report["cuda_graph"].startswith("skipped"), cm.report["cuda_graph"]  # no CUDA device here
     feeds = random_feeds(cm.executable.inputs, 1)
     sess = ort_session(model, 1)

@@ -24,6 +24,7 @@ BACKEND_MODULES = (
     "korch.kernels.library.torch_cpu",  # only where torch is installed
     "korch.kernels.tvm.backend",
     "korch.kernels.library.torch_cuda",  # cuda target; only where torch is installed
+    "korch.kernels.library.torch_topk",  # cuda target: an opaque TopK on the device
     "korch.kernels.triton.backend",  # cuda target; only where triton is installed
 )
 

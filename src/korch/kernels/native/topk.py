@@ -131,15 +131,18 @@ class NativeTopKKernel(RuntimeKernel):
         }
 
 
+def constant_k(kgraph: Graph, spec: TopKSpec, consts: dict[str, np.ndarray]) -> int:
+    """The TopK's K: its constant input's one value, or the attribute."""
+    if spec.k_pos is None:
+        return int(spec.k_attr)  # type: ignore[arg-type]
+    kv = np.asarray(consts[list(kgraph.inputs)[spec.k_pos]]).reshape(-1)
+    if kv.size != 1:
+        raise ValueError("TopK: K is not one value")
+    return int(kv[0])
+
+
 def build_topk(kgraph: Graph, spec: TopKSpec, consts: dict[str, np.ndarray]) -> NativeTopKKernel:
-    names = list(kgraph.inputs)
-    if spec.k_pos is not None:
-        kv = np.asarray(consts[names[spec.k_pos]]).reshape(-1)
-        if kv.size != 1:
-            raise ValueError("TopK: K is not one value")
-        k = int(kv[0])
-    else:
-        k = int(spec.k_attr)  # type: ignore[arg-type]
+    k = constant_k(kgraph, spec, consts)
     shapes = [tuple(kgraph.nodes[nid].shape) for nid in kgraph.inputs.values()]
     dtypes = [kgraph.nodes[nid].dtype for nid in kgraph.inputs.values()]
     return NativeTopKKernel(spec, k, shapes, dtypes)
