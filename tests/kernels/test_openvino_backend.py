@@ -16,7 +16,6 @@ pytest.importorskip("openvino")
 
 import korch  # noqa: E402
 import korch.selection as selection  # noqa: E402
-from korch.config import Settings  # noqa: E402
 from korch.ir import GraphBuilder, Op, evaluate  # noqa: E402
 from korch.kernels.registry import get_backend  # noqa: E402
 from korch.models import build  # noqa: E402
@@ -69,25 +68,13 @@ def test_region_kernel_matches_the_interpreter_and_reloads(tmp_path):
     assert "f32" in backend.version()
 
 
-def _settings(tmp_path, **kw) -> Settings:
-    return Settings(
-        db_path=str(tmp_path / "results.db"),
-        progress=False,
-        warmup=1,
-        repeat=3,
-        min_repeat_ms=0.2,
-        num_threads=1,
-        **kw,
-    )
-
-
-def test_openvino_plans_are_raced_and_a_kept_one_ships(tmp_path, monkeypatch):
+def test_openvino_plans_are_raced_and_a_kept_one_ships(tmp_path, quick_settings, monkeypatch):
     # structure: the check times both OpenVINO plans beside onnxruntime's; this test
     # makes the check keep the model on OpenVINO, whatever the clock says, to see it ship
     monkeypatch.setattr(selection, "_keep", lambda t: selection.OV_MODEL_PLAN)
     model = build("mlp")
     out = tmp_path / "out"
-    compiled = korch.optimize(model, output_dir=out, settings=_settings(tmp_path))
+    compiled = korch.optimize(model, output_dir=out, settings=quick_settings())
     check = compiled.report["plan_check"]
     assert {selection.OV_MODEL_PLAN, selection.OV_REGION_PLAN, selection.MODEL_PLAN} <= set(check["ms"]), check
     assert check["kept"] == selection.OV_MODEL_PLAN
@@ -105,8 +92,8 @@ def test_openvino_plans_are_raced_and_a_kept_one_ships(tmp_path, monkeypatch):
     assert _rel(loaded({"x": x})[name], want) <= TOL
 
 
-def test_openvino_plans_can_be_turned_off(tmp_path):
-    settings = _settings(tmp_path, openvino_plans=False, library_regions=0, in_place_rounds=0)
+def test_openvino_plans_can_be_turned_off(quick_settings):
+    settings = quick_settings(openvino_plans=False, library_regions=0, in_place_rounds=0)
     compiled = korch.optimize(build("opaque"), settings=settings)
     ms = compiled.report["plan_check"].get("ms", {})
     assert selection.OV_MODEL_PLAN not in ms and selection.OV_REGION_PLAN not in ms

@@ -12,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import korch
 import korch.profile
-from korch.config import Settings
 from korch.profile.db import Measurement
 
 
@@ -41,7 +40,7 @@ def _conv_relu_conv() -> onnx.ModelProto:
     return model
 
 
-def test_a_failed_native_kernel_falls_back_to_onnxruntime(tmp_path, monkeypatch):
+def test_a_failed_native_kernel_falls_back_to_onnxruntime(quick_settings, monkeypatch):
     real = korch.profile.profile
     asked: list[tuple[str, ...]] = []
 
@@ -56,16 +55,7 @@ def test_a_failed_native_kernel_falls_back_to_onnxruntime(tmp_path, monkeypatch)
         return results, stats
 
     monkeypatch.setattr(korch.profile, "profile", native_fails)
-    settings = Settings(
-        db_path=str(tmp_path / "results.db"),
-        progress=False,
-        warmup=1,
-        repeat=3,
-        min_repeat_ms=0.2,
-        num_threads=1,
-        whole_plans=False,
-        library_regions=0,
-    )
+    settings = quick_settings(whole_plans=False, library_regions=0)
     model = _conv_relu_conv()
     compiled = korch.optimize(model, settings=settings)  # raised OrchestrationError before
 

@@ -11,7 +11,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import korch
 import korch.profile
-from korch.config import Settings
 from korch.ir import Op
 from korch.orchestrate.choose import UNMEASURED_PENALTY_US
 from korch.profile.db import Measurement
@@ -42,7 +41,7 @@ def _embedding_layernorm() -> onnx.ModelProto:
     return model
 
 
-def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kernel(tmp_path, monkeypatch):
+def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kernel(quick_settings, monkeypatch):
     real = korch.profile.profile
 
     def opaque_kernels_fail(workloads, db, target, settings, progress=True, pool=None):
@@ -55,16 +54,8 @@ def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kern
         return results, stats
 
     monkeypatch.setattr(korch.profile, "profile", opaque_kernels_fail)
-    settings = Settings(
-        db_path=str(tmp_path / "results.db"),
-        progress=False,
-        warmup=1,
-        repeat=3,
-        min_repeat_ms=0.2,
-        num_threads=1,
-        library_regions=0,
-        region_bias=(),  # the BLP's plan ships: the one this test is about
-    )
+    # the BLP's plan ships: the one this test is about
+    settings = quick_settings(library_regions=0, region_bias=())
     model = _embedding_layernorm()
     compiled = korch.optimize(model, settings=settings)  # raised OrchestrationError before
     r = compiled.report
