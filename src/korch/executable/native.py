@@ -124,7 +124,8 @@ def build_segment(
             arg += [write(node, sp) for node, sp in zip(st.outputs, ospecs)]
             hid = [np.ascontiguousarray(h) for h in k._hidden_np]
             arg += [const_slot(h) for h in hid]
-            drv_steps.append(("tvm", sym, arg, specs + ospecs + [(h.shape, str(h.dtype)) for h in hid]))
+            # the DLTensors take the function's own shapes (Note [Coalesced axes])
+            drv_steps.append(("tvm", sym, arg, k.call_specs() + [(h.shape, str(h.dtype)) for h in hid]))
         else:
             ins, outs = k.arg_specs()
             arg = [read(node, sp) for node, sp in zip(st.inputs, ins)]

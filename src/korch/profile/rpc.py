@@ -174,7 +174,8 @@ class _ServerThread(threading.Thread):
         hidden = [tvm.runtime.tensor(np.ascontiguousarray(h), dev) for h in k.hidden]
         mod[k.symbol](*ins, *outs, *hidden)
         host = f"rpc:{self.where}"
-        err = check_outputs(job.kgraph, args, [o.numpy() for o in outs])
+        shapes = [job.kgraph.nodes[n].shape for n in job.kgraph.outputs.values()]
+        err = check_outputs(job.kgraph, args, [o.numpy().reshape(s) for o, s in zip(outs, shapes)])
         if err:
             return JobResult(job.key, "wrong", None, (), err, host)
         _warmup, repeat, min_ms = self.timing

@@ -64,7 +64,9 @@ class ExportedKernel:
 
     library: str  # path of the exported .so (one per built batch)
     symbol: str
-    inputs: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) in kernel-input order
+    # (shape, dtype) in kernel-input order, as the function takes them: coalesced shapes
+    # where it was generated over coalesced axes (Note [Coalesced axes])
+    inputs: tuple[tuple[tuple[int, ...], str], ...]
     outputs: tuple[tuple[tuple[int, ...], str], ...]
     hidden: tuple[np.ndarray, ...]  # constant arrays the kernel takes after its outputs
 
@@ -153,12 +155,13 @@ def _export(backend, items, directory: str, num_threads: int) -> list[tuple[str,
                 path = os.path.join(directory, f"korch_{uuid.uuid4().hex[:12]}.so")
                 ck.lib.export_library(path)
                 libs[id(ck.lib)] = path
-            spec = lambda xs: tuple((tuple(x.shape), str(x.dtype)) for x in xs)  # noqa: E731
+            specs = ck.call_specs()  # the function's own shapes (Note [Coalesced axes])
+            n_in = len(ck.inputs)
             out.append(
                 (
                     "built",
                     ExportedKernel(
-                        libs[id(ck.lib)], ck.symbol, spec(ck.inputs), spec(ck.outputs), tuple(ck._hidden_np)
+                        libs[id(ck.lib)], ck.symbol, tuple(specs[:n_in]), tuple(specs[n_in:]), tuple(ck._hidden_np)
                     ),
                 )
             )

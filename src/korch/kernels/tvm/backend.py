@@ -73,6 +73,10 @@ def _from_dlpack(a: np.ndarray):
 
 _HOST: dict[int, Any] = {}
 
+# Bumped when the generated code changes, so that kernels measured before are measured
+# again (their version is part of a measurement's key). 2: Note [Coalesced axes].
+GENERATOR_REVISION = 2
+
 
 def host_target(num_threads: int):
     """The LLVM target of this machine's CPU (``mcpu`` detected by LLVM)."""
@@ -148,22 +152,38 @@ class Prepared:
     hidden: list[np.ndarray]
     config: TileConfig
     report: Any  # tvm_schedule.ScheduleReport
+    # the generated function's shapes of the inputs then outputs, when they are the
+    # coalesced ones (Note [Coalesced axes]); None: the interface shapes
+    call_shapes: list[tuple[int, ...]] | None = None
 
 
-def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None) -> Prepared:
-    """Lower and schedule ``kgraph`` (an extracted memory-bound kernel)."""
+def prepare(kgraph: Graph, num_threads: int, config: TileConfig | None = None, coalesce_axes: bool = True) -> Prepared:
+    """Lower and schedule ``kgraph`` (an extracted memory-bound kernel); ``coalesce_axes``
+    False keeps its axes as they are (Note [Coalesced axes]; for benchmarks)."""
+    from korch.kernels.tvm.coalesce import coalesce
     from korch.kernels.tvm.lower import lower
     from korch.kernels.tvm.schedule import schedule
 
     if config is None:
         config = default_tile_config(kgraph, num_threads, vector_bytes())
-    lw = lower(kgraph)
-    func, report = schedule(lw.func, kgraph, config, lw.block_of, lw.copies)
+    co = coalesce(kgraph, config.parallel_axes, config.inner_tile, config.vector_width) if coalesce_axes else None
+    g, cfg = (
+        (kgraph, config)
+        if co is None
+        else (co.graph, dataclasses.replace(config, parallel_axes=co.parallel_axes, inner_tile=co.inner_tile))
+    )
+    lw = lower(g)
+    func, report = schedule(lw.func, g, cfg, lw.block_of, lw.copies)
     ins = [_Spec(kgraph.nodes[kgraph.inputs[n]].shape, kgraph.nodes[kgraph.inputs[n]].dtype) for n in lw.input_names]
     outs = [
         _Spec(kgraph.nodes[kgraph.outputs[n]].shape, kgraph.nodes[kgraph.outputs[n]].dtype) for n in lw.output_names
     ]
-    return Prepared(func, ins, outs, [aligned_copy(h) for h in lw.hidden], config, report)
+    call = None
+    if co is not None:
+        call = [g.nodes[g.inputs[n]].shape for n in lw.input_names] + [
+            g.nodes[g.outputs[n]].shape for n in lw.output_names
+        ]
+    return Prepared(func, ins, outs, [aligned_copy(h) for h in lw.hidden], config, report, call)
 
 
 # (id(library), folder) -> (library, file name) of libraries already exported by save()
@@ -174,7 +194,14 @@ class TvmKernel(CompiledKernel):
     backend = "tvm"
 
     def __init__(
-        self, lib: Any, symbol: str, inputs: list[_Spec], outputs: list[_Spec], hidden: list[np.ndarray], meta: dict
+        self,
+        lib: Any,
+        symbol: str,
+        inputs: list[_Spec],
+        outputs: list[_Spec],
+        hidden: list[np.ndarray],
+        meta: dict,
+        call_shapes: Sequence[Sequence[int]] | None = None,
     ):
         self.lib = lib
         self.symbol = symbol
@@ -188,16 +215,28 @@ class TvmKernel(CompiledKernel):
         self.hidden = [_from_dlpack(h) for h in hidden]
         self._hidden_np = hidden
         self.prim_func: Any = None  # the scheduled PrimFunc when built in this process
+        # Note [Coalesced axes]: the function's shapes, inputs then outputs (None: as above)
+        self.call_shapes = [tuple(s) for s in call_shapes] if call_shapes is not None else None
+        self._in_call = [s.shape for s in inputs] if call_shapes is None else self.call_shapes[: len(inputs)]
+        self._out_call = None if call_shapes is None else self.call_shapes[len(inputs) :]
+
+    def call_specs(self) -> list[tuple[tuple[int, ...], str]]:
+        """(shape, dtype) of the function's inputs then outputs, as it is called."""
+        shapes = self.call_shapes or [s.shape for s in (*self.inputs, *self.outputs)]
+        return [(tuple(sh), str(s.dtype)) for sh, s in zip(shapes, (*self.inputs, *self.outputs))]
 
     def arg(self, i: int, x: np.ndarray) -> np.ndarray:
         """Input ``i`` as the generated code takes it: the array itself when it already
         is C-ordered, ALIGN-byte aligned, writable and of the right dtype, else an
         aligned staging copy (Note [TVM buffer alignment])."""
-        return staged_arg(x, self.inputs[i].shape, self._in_dtypes[i])
+        return staged_arg(x, self._in_call[i], self._in_dtypes[i])
 
     def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         """Run on ``args`` (as ``arg`` returns them) writing ``outs`` (aligned, C order,
         the output specs' shapes and dtypes): the executable's planned path, no checks."""
+        if self._out_call is not None:  # the executable's arrays have the interface's shapes
+            args = [a.reshape(s) for a, s in zip(args, self._in_call)]
+            outs = [o.reshape(s) for o, s in zip(outs, self._out_call)]
         self.func(*args, *outs, *self.hidden)
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -210,7 +249,7 @@ class TvmKernel(CompiledKernel):
         # memory plan allows (Note [Static memory plan] in korch/executable).
         args = [self.arg(i, x) for i, x in enumerate(inputs)]
         outs = carve_outputs(*self._out_layout)
-        self.func(*args, *outs, *self.hidden)
+        self.run_into(args, outs)
         return outs
 
     def set_threads(self, num_threads: int) -> None:
@@ -243,6 +282,7 @@ class TvmKernel(CompiledKernel):
             "inputs": [[list(s.shape), s.dtype] for s in self.inputs],
             "outputs": [[list(s.shape), s.dtype] for s in self.outputs],
             "hidden": hidden_names,
+            "call_shapes": self.call_shapes,
             "tile_config": json.loads(json.dumps(dataclasses.asdict(self.meta["config"])))
             if "config" in self.meta
             else None,
@@ -258,6 +298,7 @@ def _kernel(lib, symbol: str, prep: Prepared, build_s: float) -> TvmKernel:
         prep.outputs,
         prep.hidden,
         {"config": prep.config, "report": prep.report, "build_s": build_s},
+        prep.call_shapes,
     )
     k.prim_func = prep.func  # for a native segment (Note [Native segment]); not saved
     return k
@@ -342,12 +383,12 @@ class TvmBackend(Backend):
         ins = [_Spec(tuple(s), d) for s, d in meta["inputs"]]
         outs = [_Spec(tuple(s), d) for s, d in meta["outputs"]]
         hidden = [aligned_copy(np.load(directory / h)) for h in meta["hidden"]]
-        return TvmKernel(lib, meta["symbol"], ins, outs, hidden, {})
+        return TvmKernel(lib, meta["symbol"], ins, outs, hidden, {}, meta.get("call_shapes"))
 
     def version(self) -> str:
         import tvm
 
-        return f"tvm-{tvm.__version__}"
+        return f"tvm-{tvm.__version__}; generator {GENERATOR_REVISION}"
 
 
 register(TvmBackend())
