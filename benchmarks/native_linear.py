@@ -6,7 +6,7 @@ it (``CompiledKernel.timed``); the backends alternate in 0.1 s blocks, median of
 checked against the first backend's (1e-4). A benchmark: prints a table, never fails
 on a timing.
 
-    .venv/bin/python benchmarks/native_linear.py --threads 1 2
+    .venv/bin/python benchmarks/native_linear.py --threads 1 2 [--only conv1x1 ...]
 """
 
 from __future__ import annotations
@@ -40,6 +40,22 @@ CASES = {
     "dwconv3x3 s2 72ch 56x56": lambda: conv_graph((1, 72, 56, 56), (72, 1, 3, 3), (2, 2), (1, 1, 1, 1), 72),
     "dwconv5x5 s2 288ch 14x14": lambda: conv_graph((1, 288, 14, 14), (288, 1, 5, 5), (2, 2), (2, 2, 2, 2), 288),
     "conv3x3 s2 3->16 224x224": lambda: conv_graph((1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    # its pointwise convs (Note [Pointwise convolution rows]): K = 16..576, 7x7 to 56x56
+    "conv1x1 16->72 56x56 + relu": lambda: conv_graph(
+        (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, relu=True
+    ),
+    "conv1x1 72->24 28x28 + bias": lambda: conv_graph(
+        (1, 72, 28, 28), (24, 72, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
+    "conv1x1 40->240 14x14 + bias": lambda: conv_graph(
+        (1, 40, 14, 14), (240, 40, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
+    "conv1x1 96->576 7x7 + bias": lambda: conv_graph(
+        (1, 96, 7, 7), (576, 96, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
+    "conv1x1 576->96 7x7 + bias": lambda: conv_graph(
+        (1, 576, 7, 7), (96, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
 }
 BACKENDS = ("ort", "native", "numpy")
 
@@ -79,12 +95,15 @@ def time_case(graph, threads: int) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
     args = p.parse_args()
     for t in args.threads:
         print(f"\n{t} thread(s), us (in brackets: onnxruntime's time over the backend's; above 1 is faster)\n")
         print("| case | onnxruntime | native | numpy |")
         print("|---|---|---|---|")
         for case, make in CASES.items():
+            if args.only and not any(o in case for o in args.only):
+                continue
             r = time_case(make(), t)
             cell = lambda n, r=r: f"{r[n]:.1f} ({r['ort'] / r[n]:.2f})" if n in r else "-"  # noqa: E731
             print(f"| {case} | {r['ort']:.1f} | {cell('native')} | {cell('numpy')} |")

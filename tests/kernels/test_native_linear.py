@@ -47,6 +47,9 @@ def test_matmul_split(case, tmp_path):
         # column strides 2 and 3: phase planes, asymmetric pads, odd widths
         dict(x_shape=(1, 16, 23, 29), w_shape=(16, 1, 3, 3), strides=(2, 2), pads=(0, 1, 1, 0), group=16),
         dict(x_shape=(1, 8, 10, 26), w_shape=(8, 1, 3, 4), strides=(1, 3), pads=(1, 2, 1, 1), group=8, bias=True),
+        # Note [Pointwise convolution rows]: two groups, K = 300 > KC (two K blocks), 49
+        # pixels (three tiles of 16 and one of 1), 15 channels a group (tiles of 6, 6, 3)
+        dict(x_shape=(2, 600, 7, 7), w_shape=(30, 300, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=2, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -59,6 +62,7 @@ def test_matmul_split(case, tmp_path):
         "depthwise_padded_dilated_rows",
         "depthwise_3x3_s2_phases",
         "depthwise_3x4_s3_phases",
+        "pointwise_grouped_two_k_blocks",
     ],
 )
 def test_conv_split(case, tmp_path):
@@ -196,4 +200,30 @@ def test_gelu_is_one_chain(tmp_path):
     plan = plan_of(kg)
     assert plan is not None
     assert [st.op for st in plan.epilogue] == [Op.ADD, Op.DIV, Op.ERF, Op.ADD, Op.MUL, Op.MUL]
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "operand", [(1, 16, 1, 1), (1, 1, 36, 50), (1, 16, 1, 50), (1, 16, 36, 50)], ids=["bias", "plane", "row", "full"]
+)
+def test_epilogue_rows(operand, tmp_path):
+    """Note [Epilogue rows]: a row merges the trailing dims over which every operand is
+    contiguous or constant (one 36 x 50 plane for a per-channel bias, longer than one
+    1024-element chunk; the last dim alone for a [1, C, 1, W] operand), and a SiLU's
+    saved value is read back chunk by chunk."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 12, 36, 50), "float32")
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(16, 12, 1, 1), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=(0, 0, 0, 0),
+        group=1,
+    )
+    y = b.binary(Op.ADD, y, b.input("r", operand, "float32"))
+    y = b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)])
+    b.output("y", y)
+    kg, consts = kernel_of(b.graph)
+    assert plan_of(kg) is not None
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)

@@ -164,6 +164,65 @@ inline void gemm(int64_t N, int64_t K, const float* A, int64_t ars, int64_t acs,
     }
   }
 }
+// A panel of the left operand: MR rows, K-major, A(i, k) = A[i * ars + k * acs] (zero rows
+// past M), for micro_a_panel (Note [Pointwise convolution rows] in korch_rt.cc)
+inline int64_t packed_a_size(int64_t M, int64_t K) { return (M + MR - 1) / MR * K * MR; }
+
+inline void pack_a(const float* A, int64_t M, int64_t K, int64_t ars, int64_t acs, float* out) {
+  for (int64_t p = 0; p < (M + MR - 1) / MR; ++p)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t i = 0; i < MR; ++i) {
+        const int64_t r = p * MR + i;
+        out[(p * K + k) * MR + i] = r < M ? A[r * ars + k * acs] : 0.0f;
+      }
+}
+
+// C(R x NR) = Ap(R rows of a packed panel, kc) @ B(kc, NR), plus what C holds when acc:
+// B(k, j) = B[k * ldb + j] read in place (unaligned), C(i, j) = C[i * ldc + j]
+template <int R>
+inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc) {
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+    const float* a = Ap + k * MR;
+#define KORCH_ROW(i)                                     \
+  if constexpr (R > i) {                                 \
+    const __m256 x = _mm256_broadcast_ss(a + i);         \
+    c##i##0 = _mm256_fmadd_ps(x, b0, c##i##0);           \
+    c##i##1 = _mm256_fmadd_ps(x, b1, c##i##1);           \
+  }
+    KORCH_ROW(0) KORCH_ROW(1) KORCH_ROW(2) KORCH_ROW(3) KORCH_ROW(4) KORCH_ROW(5)
+#undef KORCH_ROW
+  }
+  auto store = [&](int i, __m256 v0, __m256 v1) {
+    float* c = C + i * ldc;
+    if (acc) {
+      v0 = _mm256_add_ps(v0, _mm256_loadu_ps(c));
+      v1 = _mm256_add_ps(v1, _mm256_loadu_ps(c + 8));
+    }
+    _mm256_storeu_ps(c, v0);
+    _mm256_storeu_ps(c + 8, v1);
+  };
+  if constexpr (R > 0) store(0, c00, c01);
+  if constexpr (R > 1) store(1, c10, c11);
+  if constexpr (R > 2) store(2, c20, c21);
+  if constexpr (R > 3) store(3, c30, c31);
+  if constexpr (R > 4) store(4, c40, c41);
+  if constexpr (R > 5) store(5, c50, c51);
+}
+
+inline void micro_a(int64_t mr, int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc,
+                    bool acc) {
+  switch (mr) {
+    case 1: return micro_a_panel<1>(kc, Ap, B, ldb, C, ldc, acc);
+    case 2: return micro_a_panel<2>(kc, Ap, B, ldb, C, ldc, acc);
+    case 3: return micro_a_panel<3>(kc, Ap, B, ldb, C, ldc, acc);
+    case 4: return micro_a_panel<4>(kc, Ap, B, ldb, C, ldc, acc);
+    case 5: return micro_a_panel<5>(kc, Ap, B, ldb, C, ldc, acc);
+    default: return micro_a_panel<MR>(kc, Ap, B, ldb, C, ldc, acc);
+  }
+}
 #else
 constexpr bool available = false;
 inline void gemm(int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t, int64_t,

@@ -377,29 +377,54 @@ struct Linear {
   std::vector<Step> epi;
   int64_t slots = 0;  // rows of scratch the chain saves values to (kind 4) and reads back (5)
 
+  // Note [Epilogue rows]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // The epilogue runs over rows of the output: the trailing dims over which every
+  // tensor operand is either contiguous or constant, merged (Note [Coalesced axes] in
+  // korch/kernels/tvm/coalesce.py; the same rule). A per-channel bias over NCHW makes
+  // each channel's H x W plane one row. Before, a row was the last dim alone: a
+  // [1, 576, 7, 7] output ran its bias, activation and residual steps 4032 times on
+  // 7 elements, with a division per row. A row is cut into chunks of EPI_CHUNK, so a
+  // chain's saved values (kind 4) stay in L1.
+  static constexpr int64_t EPI_CHUNK = 1024;
+  int64_t erow = 0, eouter = 0;  // the row length, and how many leading dims index rows
+
+  void plan_rows() {
+    const int64_t D = (int64_t)oshape.size();
+    int64_t d = D - 1, L = oshape[(size_t)(D - 1)];
+    for (; d > 0; --d) {
+      bool ok = true;
+      for (const Step& s : epi)
+        if (s.kind == 2 && s.strides[(size_t)(d - 1)] != s.strides[(size_t)d] * oshape[(size_t)d]) ok = false;
+      if (!ok) break;
+      L *= oshape[(size_t)(d - 1)];
+    }
+    erow = L, eouter = d;
+  }
+
   // the epilogue on output elements [begin, end)
   void epilogue(float* out, void* const* ptrs, int64_t begin, int64_t end) const {
     if (epi.empty()) return;
-    const int64_t D = (int64_t)oshape.size(), L = oshape[D - 1];
+    const int64_t D = (int64_t)oshape.size(), L = erow;
     thread_local std::vector<float> scratch;
-    if ((int64_t)scratch.size() < slots * L) scratch.resize((size_t)(slots * L));
+    if ((int64_t)scratch.size() < slots * EPI_CHUNK) scratch.resize((size_t)(slots * EPI_CHUNK));
     for (int64_t f = begin; f < end;) {
-      const int64_t r = f / L, c0 = f % L, len = std::min(L - c0, end - f);
+      const int64_t r = f / L, c0 = f % L, len = std::min({L - c0, end - f, EPI_CHUNK});
       float* v = out + f;
       for (const Step& s : epi) {
         if (s.kind == 3) {
           std::memcpy(static_cast<float*>(ptrs[nin + s.pos]) + f, v, sizeof(float) * len);
         } else if (s.kind == 4) {
-          std::memcpy(scratch.data() + s.pos * L, v, sizeof(float) * len);
+          std::memcpy(scratch.data() + s.pos * EPI_CHUNK, v, sizeof(float) * len);
         } else if (s.kind == 5) {
-          binary(s.op, v, len, scratch.data() + s.pos * L, 1, s.left != 0);
+          binary(s.op, v, len, scratch.data() + s.pos * EPI_CHUNK, 1, s.left != 0);
         } else if (s.kind == 0) {
           unary(s.op, v, len);
         } else if (s.kind == 1) {
           binary(s.op, v, len, &s.scalar, 0, s.left != 0);
         } else {
           int64_t off = c0 * s.strides[D - 1], rr = r;
-          for (int64_t d = D - 2; d >= 0; --d) {
+          for (int64_t d = eouter - 1; d >= 0; --d) {
             off += (rr % oshape[d]) * s.strides[d];
             rr /= oshape[d];
           }
@@ -828,6 +853,92 @@ struct Linear {
 #endif
   }
 
+  // Note [Pointwise convolution rows]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A 1x1 convolution (unit strides, no padding) over NCHW is, per image and group,
+  // Y[co, p] = W[co, :] @ X[:, p]. The general path computes out^T = X^T @ W^T with the
+  // weights as korch_gemm's packed right operand. Its 6 x 16 tile is then 6 pixels by 16
+  // channels, written back channel-major one element at a time: 96 scalar stores per
+  // tile. At MobileNet's K = 16..96 a tile has only 6K FMAs, so the stores were a large
+  // share. Here the weights are the left operand instead, packed once into 6-row panels,
+  // and the right operand is the input read in place: 16 consecutive pixels of channel k
+  // are two vector loads at X + k * HW + p. A tile is 6 channels by 16 pixels, stored as
+  // 12 vector stores into the output's rows. The last pixels (HW mod 16) go through a
+  // zero-padded copy. Tasks are blocks of pixels, and of channels when there are too few
+  // pixel blocks for the threads.
+  static constexpr int64_t PW_PIXELS = 256;  // pixels per task: a K x 256 block of X in L2
+
+  int conv_pointwise(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
+#if defined(__AVX2__) && defined(__FMA__)
+    using korch_gemm::MR;
+    using korch_gemm::NR;
+    const int64_t cig = c / group, cog = co / group, HW = ho * wo, K = cig;
+    const int64_t per = korch_gemm::packed_a_size(cog, K), tiles = (cog + MR - 1) / MR;
+    const float* Ap;
+    {
+      std::lock_guard<std::mutex> lock(pack_mu);
+      if (packed_from != W) {
+        packed.assign((size_t)(per * group + 16), 0.0f);
+        for (int64_t g = 0; g < group; ++g)
+          korch_gemm::pack_a(W + g * cog * K, cog, K, K, 1, aligned_panels() + g * per);
+        packed_from = W;
+      }
+      Ap = aligned_panels();
+    }
+    const int64_t pblocks = (HW + PW_PIXELS - 1) / PW_PIXELS;
+    int64_t cblocks = 1;
+    if (n * group * pblocks < T) cblocks = std::min(tiles, (T + n * group * pblocks - 1) / (n * group * pblocks));
+    const int64_t tiles_per = (tiles + cblocks - 1) / cblocks;
+    cblocks = (tiles + tiles_per - 1) / tiles_per;
+    parallel_for(n * group * pblocks * cblocks, T, [&](int64_t t) {
+      const int64_t cb = t % cblocks, pb = (t / cblocks) % pblocks, g = (t / (cblocks * pblocks)) % group,
+                    ni = t / (cblocks * pblocks * group);
+      const int64_t t0 = cb * tiles_per, t1 = std::min(tiles, t0 + tiles_per);
+      const int64_t p0 = pb * PW_PIXELS, p1 = std::min(HW, p0 + PW_PIXELS);
+      const float* xg = X + (ni * c + g * cig) * HW;
+      float* yg = Y + (ni * co + g * cog) * HW;
+      const float* ag = Ap + g * per;
+      alignas(32) float tail_b[korch_gemm::KC * NR];
+      alignas(32) float tail_c[MR * NR];
+      for (int64_t p = p0; p < p1; p += NR) {
+        const int64_t nn = std::min(NR, p1 - p);
+        for (int64_t kk = 0; kk < K; kk += korch_gemm::KC) {
+          const int64_t kc = std::min(korch_gemm::KC, K - kk);
+          const float* B = xg + kk * HW + p;
+          int64_t ldb = HW;
+          if (nn < NR) {  // the last pixels, zero padded to a whole tile
+            for (int64_t k = 0; k < kc; ++k) {
+              std::memcpy(tail_b + k * NR, B + k * HW, sizeof(float) * nn);
+              std::memset(tail_b + k * NR + nn, 0, sizeof(float) * (NR - nn));
+            }
+            B = tail_b, ldb = NR;
+          }
+          for (int64_t ti = t0; ti < t1; ++ti) {
+            const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
+            const float* a = ag + (ti * K + kk) * MR;
+            if (nn == NR) {
+              korch_gemm::micro_a(mr, kc, a, B, ldb, yg + r0 * HW + p, HW, kk > 0);
+            } else {
+              korch_gemm::micro_a(mr, kc, a, B, ldb, tail_c, NR, false);
+              for (int64_t i = 0; i < mr; ++i) {
+                float* y = yg + (r0 + i) * HW + p;
+                for (int64_t j = 0; j < nn; ++j) y[j] = kk ? y[j] + tail_c[i * NR + j] : tail_c[i * NR + j];
+              }
+            }
+          }
+        }
+      }
+      for (int64_t o = t0 * MR; o < std::min(cog, t1 * MR); ++o) {
+        const int64_t base = (ni * co + g * cog + o) * HW;
+        epilogue(Y, ptrs, base + p0, base + p1);
+      }
+    });
+    return 0;
+#else
+    return -1;  // korch_gemm::available is false: conv() does not come here
+#endif
+  }
+
   int conv(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
     const float* W = static_cast<const float*>(ptrs[b]);
@@ -844,6 +955,7 @@ struct Linear {
       return 0;
     }
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
+    if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
       return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
     // blocks of whole output rows (columns of the GEMM); an im2col block stays within
@@ -1015,6 +1127,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     delete k;
     return nullptr;
   }
+  k->plan_rows();
   if (g_threads == 0) scipy_openblas_set_num_threads(1);
   return k;
 }
