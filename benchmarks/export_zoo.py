@@ -358,6 +358,7 @@ def main(argv=None) -> int:
     if bad:
         p.error(f"unknown model(s) {bad}")
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # the manifest is written even when every export failed
     manifest = load_manifest(out)  # an --only run updates its entries and keeps the rest
     failed = []
     for name in names:

@@ -39,6 +39,10 @@ CASES = {
     # MobileNetV3-small's (zoo): strided depthwise, the 3-channel stem
     "dwconv3x3 s2 72ch 56x56": lambda: conv_graph((1, 72, 56, 56), (72, 1, 3, 3), (2, 2), (1, 1, 1, 1), 72),
     "dwconv5x5 s2 288ch 14x14": lambda: conv_graph((1, 288, 14, 14), (288, 1, 5, 5), (2, 2), (2, 2, 2, 2), 288),
+    "dwconv3x3 s2 16ch 112x112": lambda: conv_graph((1, 16, 112, 112), (16, 1, 3, 3), (2, 2), (1, 1, 1, 1), 16),
+    "dwconv5x5 240ch 14x14": lambda: conv_graph((1, 240, 14, 14), (240, 1, 5, 5), (1, 1), (2, 2, 2, 2), 240),
+    "dwconv5x5 576ch 7x7": lambda: conv_graph((1, 576, 7, 7), (576, 1, 5, 5), (1, 1), (2, 2, 2, 2), 576),
+    "dwconv3x3 88ch 28x28": lambda: conv_graph((1, 88, 28, 28), (88, 1, 3, 3), (1, 1), (1, 1, 1, 1), 88),
     "conv3x3 s2 3->16 224x224": lambda: conv_graph((1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
     # its pointwise convs (Note [Pointwise convolution rows]): K = 16..576, 7x7 to 56x56
     "conv1x1 16->72 56x56 + relu": lambda: conv_graph(
@@ -56,6 +60,8 @@ CASES = {
     "conv1x1 576->96 7x7 + bias": lambda: conv_graph(
         (1, 576, 7, 7), (96, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
     ),
+    # one pixel: the head's 576 -> 1024 (a GEMV over 2.4 MB of weights)
+    "conv1x1 576->1024 1x1": lambda: conv_graph((1, 576, 1, 1), (1024, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1),
 }
 BACKENDS = ("ort", "native", "numpy")
 

@@ -42,7 +42,7 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 40, 12, 21), w_shape=(20, 40, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
         # rows with all three kernel rows inside summed in registers, the border rows tap by tap
         dict(x_shape=(1, 24, 19, 21), w_shape=(24, 1, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=24, bias=True),
-        # Note [Padded depthwise rows]: rows dilated, 7 wide (not a multiple of 8), asymmetric pads
+        # Note [Channel-blocked depthwise]: rows dilated, 7 wide (not a multiple of 8), asymmetric pads
         dict(x_shape=(1, 8, 15, 7), w_shape=(8, 1, 3, 5), strides=(1, 1), pads=(2, 1, 0, 3), group=8, dil=(2, 1)),
         # column strides 2 and 3: phase planes, asymmetric pads, odd widths
         dict(x_shape=(1, 16, 23, 29), w_shape=(16, 1, 3, 3), strides=(2, 2), pads=(0, 1, 1, 0), group=16),
@@ -50,6 +50,14 @@ def test_matmul_split(case, tmp_path):
         # Note [Pointwise convolution rows]: two groups, K = 300 > KC (two K blocks), 49
         # pixels (three tiles of 16 and one of 1), 15 channels a group (tiles of 6, 6, 3)
         dict(x_shape=(2, 600, 7, 7), w_shape=(30, 300, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=2, bias=True),
+        # Note [Channel-blocked depthwise]: two images, 12 channels (a block of 8 and one
+        # of 4), 130 rows cut into bands
+        dict(x_shape=(2, 12, 130, 90), w_shape=(12, 1, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=12, bias=True),
+        # 81 taps: past the blocked kernel's 64, the scalar rows
+        dict(x_shape=(1, 8, 12, 12), w_shape=(8, 1, 9, 9), strides=(1, 1), pads=(4, 4, 4, 4), group=8),
+        # Note [Few-pixel pointwise]: one pixel in two groups (a GEMV each), and 3 x 3
+        dict(x_shape=(2, 64, 1, 1), w_shape=(40, 32, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=2, bias=True),
+        dict(x_shape=(1, 48, 3, 3), w_shape=(100, 48, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=1, relu=True),
     ],
     ids=[
         "3x3_bias",
@@ -63,6 +71,10 @@ def test_matmul_split(case, tmp_path):
         "depthwise_3x3_s2_phases",
         "depthwise_3x4_s3_phases",
         "pointwise_grouped_two_k_blocks",
+        "depthwise_blocks_and_bands",
+        "depthwise_81_taps",
+        "few_pixels_grouped_gemv",
+        "few_pixels_3x3",
     ],
 )
 def test_conv_split(case, tmp_path):

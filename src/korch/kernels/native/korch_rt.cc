@@ -597,98 +597,207 @@ struct Linear {
     return 0;
   }
 
-#if defined(__AVX2__) && defined(__FMA__)
-  // Note [Padded depthwise rows]: the channel copied once into a zero-padded plane
-  // (its rows as wide as the output rounded up to 8, plus the taps), so every output
-  // vector is kh * kw FMAs of unaligned loads, no edge case, four vectors in flight.
-  // Segformer's 3x3 over 256 channels of 16 x 16: 280 us tap by tap (16-wide rows are
-  // mostly edges), 111-121 us so, one thread (a ctypes loop over
-  // korch_linear_run; onnxruntime's conv + bias measured 82 us on two threads).
-  // A column stride s > 1 splits the plane into s phase planes (plane p holds padded
-  // columns p, p + s, ...), so tap kx of eight neighbouring outputs is still one
-  // contiguous load, at column kx / s of plane kx % s. Tap by tap, MobileNetV3's
-  // strided 5x5 depthwise convs ran at 1-2 GFLOP/s (rows of 7 to 14 outputs are
-  // mostly loop overhead).
-  static constexpr int64_t PADDED_TAPS = 64;
-  bool padded_depthwise() const { return dw == 1 && sw >= 1 && sw <= 4 && kh * kw <= PADDED_TAPS; }
 
-  void depthwise_padded(const float* x, const float* k, float* y) const {
-    const int64_t s = sw, wv = (wo + 7) / 8 * 8, pw = wv + (kw - 1) / s + 1;
-    const int64_t ph = (ho - 1) * sh + (kh - 1) * dh + 1, plane = ph * pw;
-    thread_local std::vector<float> P, R;
-    P.assign((size_t)(s * plane), 0.0f);
-    for (int64_t r = 0; r < ph; ++r) {
-      const int64_t iy = r - pt;
-      if (iy < 0 || iy >= h) continue;
-      const float* src = x + iy * w;
-      if (s == 1) {
-        const int64_t ncopy = std::min(w, pw - pl);
-        if (ncopy > 0) std::memcpy(P.data() + r * pw + pl, src, sizeof(float) * ncopy);
-        continue;
-      }
-      if (s == 2) {  // the padded row in a line buffer, split eight pairs at a time
-        thread_local std::vector<float> line;
-        const int64_t len = 2 * pw + 16, ncopy = std::max<int64_t>(0, std::min(w, 2 * pw - pl));
-        line.resize((size_t)len);  // only the padding is zeroed, per row
-        std::fill(line.begin(), line.begin() + std::min(pl, len), 0.0f);
-        if (ncopy > 0) std::memcpy(line.data() + pl, src, sizeof(float) * ncopy);
-        std::fill(line.begin() + std::min(len, pl + ncopy), line.end(), 0.0f);
-        float* ev = P.data() + r * pw;
-        float* od = ev + plane;
-        int64_t q = 0;
-        for (; q + 8 <= pw; q += 8) {
-          const __m256 a = _mm256_loadu_ps(line.data() + 2 * q), b = _mm256_loadu_ps(line.data() + 2 * q + 8);
-          const __m256 e = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-          const __m256 o = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-          _mm256_storeu_ps(ev + q, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
-          _mm256_storeu_ps(od + q, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
-        }
-        for (; q < pw; ++q) ev[q] = line[(size_t)(2 * q)], od[q] = line[(size_t)(2 * q + 1)];
-        continue;
-      }
-      for (int64_t ph0 = 0; ph0 < s; ++ph0) {  // padded column j = q * s + ph0 (no divide per element)
-        float* dst = P.data() + ph0 * plane + r * pw;
-        for (int64_t q = 0, ix = ph0 - pl; q < pw; ++q, ix += s)
-          if (ix >= 0 && ix < w) dst[q] = src[ix];
-      }
-    }
-    int64_t toff[PADDED_TAPS];
-    for (int64_t ky = 0; ky < kh; ++ky)
-      for (int64_t kx = 0; kx < kw; ++kx) toff[ky * kw + kx] = (kx % s) * plane + ky * dh * pw + kx / s;
-    __m256 kv[PADDED_TAPS];
-    for (int64_t t = 0; t < kh * kw; ++t) kv[t] = _mm256_set1_ps(k[t]);
-    // four output vectors at a time: four FMA chains in flight, not one waiting on itself
-    const int64_t nv = wv / 8, total = ho * nv;
-    R.resize((size_t)(ho * wv));
-    int64_t oy = 0, v = 0;  // the next output vector (counted, not divided: Zen's 64-bit divide is slow)
-    for (int64_t q0 = 0; q0 < total; q0 += 4) {
-      const float* base[4];
-      float* dst[4];
-      for (int64_t j = 0; j < 4; ++j) {
-        base[j] = P.data() + oy * sh * pw + v;
-        dst[j] = R.data() + oy * wv + v;
-        if (q0 + j + 1 < total && (v += 8) == wv) v = 0, ++oy;  // the last vector repeats
-      }
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t t = 0; t < kh * kw; ++t) {
-        const __m256 kk = kv[t];
-        const int64_t off = toff[t];
-        a0 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[0] + off), a0);
-        a1 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[1] + off), a1);
-        a2 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[2] + off), a2);
-        a3 = _mm256_fmadd_ps(kk, _mm256_loadu_ps(base[3] + off), a3);
-      }
-      _mm256_storeu_ps(dst[3], a3);  // (repeats of the last vector when nq < 4 store the same)
-      _mm256_storeu_ps(dst[2], a2);
-      _mm256_storeu_ps(dst[1], a1);
-      _mm256_storeu_ps(dst[0], a0);
-    }
-    for (int64_t oy = 0; oy < ho; ++oy) std::memcpy(y + oy * wo, R.data() + oy * wv, sizeof(float) * wo);
+#if defined(__AVX2__) && defined(__FMA__)
+  // Note [Channel-blocked depthwise]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // The previous kernel vectorised a depthwise conv along an NCHW row, over a zero-padded
+  // copy of the channel (split into phase planes at stride 2). It wasted lanes when the
+  // output row was short (7 of 8 lanes at 7x7) and paid the split, so MobileNetV3's
+  // depthwise convs ran at 0.25-0.6x onnxruntime, whose kernel runs in NCHWc with 8
+  // channels a vector. This path takes that layout inside the kernel only. 8 channels
+  // of a band of input rows are transposed (8 x 8 AVX2 transposes) into a [row][col][8]
+  // plane with a zeroed border. Every output pixel is kh * kw FMAs, each with one
+  // aligned load, with eight pixels in flight. The [pixel][8] result is transposed back
+  // into the 8 NCHW planes, so the tensors between kernels stay NCHW. Tasks are (image,
+  // 8 channels, band of output rows). benchmarks/native_linear.py --only dwconv: every
+  // MobileNetV3 case 0.92-1.41x onnxruntime, and a 56x56 stride-1 3x3 1.24x where the
+  // row kernel gave 0.82x (RESULTS). Over 64 taps, the scalar row code below.
+  static constexpr int64_t DW_BAND_BYTES = 48 * 1024;
+  static constexpr int64_t PADDED_TAPS = 64;
+  static constexpr int64_t DW_PIXELS = 8;  // output pixels in flight  // a task's padded input band stays in L1/L2
+
+  static inline void transpose8(__m256& r0, __m256& r1, __m256& r2, __m256& r3, __m256& r4, __m256& r5, __m256& r6,
+                                __m256& r7) {
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+    const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+    r0 = _mm256_permute2f128_ps(u0, u4, 0x20), r1 = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r2 = _mm256_permute2f128_ps(u2, u6, 0x20), r3 = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r4 = _mm256_permute2f128_ps(u0, u4, 0x31), r5 = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r6 = _mm256_permute2f128_ps(u2, u6, 0x31), r7 = _mm256_permute2f128_ps(u3, u7, 0x31);
   }
-#else
-  bool padded_depthwise() const { return false; }
-  void depthwise_padded(const float*, const float*, float*) const {}
+
+  // output rows per band: the padded input rows of a band within DW_BAND_BYTES
+  int64_t dw_band_rows() const {
+    const int64_t pw = (wo - 1) * sw + (kw - 1) * dw + 1;
+    const int64_t rows_in = std::max<int64_t>((kh - 1) * dh + 1, DW_BAND_BYTES / (pw * 32));
+    return std::min(ho, std::max<int64_t>(1, (rows_in - (kh - 1) * dh - 1) / sh + 1));
+  }
+
+  // channels [c0, c0 + 8) of image ni (zero weights past co), output rows [oy0, oy1)
+  // the weights as [co / 8][kh * kw][8] (zero past co), packed once (b_const) or per call
+  const float* pack_depthwise(const float* W) const {
+    std::lock_guard<std::mutex> lock(pack_mu);
+    if (packed_from != W || !b_const) {
+      const int64_t taps = kh * kw, cb = (co + 7) / 8;
+      packed.assign((size_t)(cb * taps * 8 + 16), 0.0f);
+      float* base = aligned_panels();
+      for (int64_t ch = 0; ch < co; ++ch)
+        for (int64_t t = 0; t < taps; ++t) base[((ch / 8) * taps + t) * 8 + ch % 8] = W[ch * taps + t];
+      packed_from = W;
+    }
+    return aligned_panels();
+  }
+
+  void depthwise_blocked(const float* X, const float* Wb, float* Y, int64_t ni, int64_t c0, int64_t oy0,
+                         int64_t oy1) const {
+    const int64_t nc = std::min<int64_t>(8, co - c0), taps = kh * kw;
+    const int64_t pw = (wo - 1) * sw + (kw - 1) * dw + 1, bh = (oy1 - oy0 - 1) * sh + (kh - 1) * dh + 1;
+    const int64_t iy0 = oy0 * sh - pt, nq = (oy1 - oy0) * wo;
+    thread_local std::vector<float> Pv, Rv, zeros;
+    if (Pv.size() < (size_t)(bh * pw * 8 + 8)) Pv.resize((size_t)(bh * pw * 8 + 8));
+    if (Rv.size() < (size_t)((nq + DW_PIXELS) * 8 + 8)) Rv.resize((size_t)((nq + DW_PIXELS) * 8 + 8));
+    auto align32 = [](float* p) {
+      return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 31) & ~uintptr_t(31));
+    };
+    float* P = align32(Pv.data());
+    float* R = align32(Rv.data());
+    // the band's input rows [r0, r1) land at plane rows r - iy0; only the border is zeroed
+    const int64_t r0 = std::min(h, std::max<int64_t>(0, iy0)), r1 = std::max(r0, std::min(h, iy0 + bh));
+    const int64_t ncopy = std::max<int64_t>(0, std::min(w, pw - pl));  // input columns that land in the plane
+    const int64_t lo = std::max<int64_t>(0, r0 - iy0), hi = std::max(lo, r1 - iy0);
+    std::memset(P, 0, sizeof(float) * (size_t)(lo * pw * 8));
+    std::memset(P + hi * pw * 8, 0, sizeof(float) * (size_t)((bh - hi) * pw * 8));
+    for (int64_t r = lo; r < hi; ++r) {
+      std::memset(P + r * pw * 8, 0, sizeof(float) * (size_t)(std::min(pl, pw) * 8));
+      if (pl + ncopy < pw) std::memset(P + (r * pw + pl + ncopy) * 8, 0, sizeof(float) * (size_t)((pw - pl - ncopy) * 8));
+    }
+    const float* src[8];
+    auto transpose_into = [&](float* dst, int64_t len) {  // src[j][0, len) -> dst[len][8]
+      int64_t q = 0;
+      for (; q + 8 <= len; q += 8) {
+        __m256 v0 = _mm256_loadu_ps(src[0] + q), v1 = _mm256_loadu_ps(src[1] + q), v2 = _mm256_loadu_ps(src[2] + q),
+               v3 = _mm256_loadu_ps(src[3] + q), v4 = _mm256_loadu_ps(src[4] + q), v5 = _mm256_loadu_ps(src[5] + q),
+               v6 = _mm256_loadu_ps(src[6] + q), v7 = _mm256_loadu_ps(src[7] + q);
+        transpose8(v0, v1, v2, v3, v4, v5, v6, v7);
+        float* d = dst + q * 8;
+        _mm256_store_ps(d, v0), _mm256_store_ps(d + 8, v1), _mm256_store_ps(d + 16, v2), _mm256_store_ps(d + 24, v3);
+        _mm256_store_ps(d + 32, v4), _mm256_store_ps(d + 40, v5), _mm256_store_ps(d + 48, v6);
+        _mm256_store_ps(d + 56, v7);
+      }
+      for (; q < len; ++q)
+        for (int64_t j = 0; j < 8; ++j) dst[q * 8 + j] = src[j][q];
+    };
+    if (r1 > r0 && ncopy > 0) {
+      const int64_t np = (r1 - r0) * w;
+      if (nc < 8 && zeros.size() < (size_t)(np + 8)) zeros.assign((size_t)(np + 8), 0.0f);
+      if (ncopy >= 16) {  // rows long enough: transposed straight into the plane
+        for (int64_t iy = r0; iy < r1; ++iy) {
+          for (int64_t j = 0; j < 8; ++j) src[j] = j < nc ? X + ((ni * c + c0 + j) * h + iy) * w : zeros.data();
+          transpose_into(P + ((iy - iy0) * pw + pl) * 8, ncopy);
+        }
+      } else {
+        // short rows (7 or 14 wide would leave most of a row-wise transpose to scalar
+        // code): transposed over the 8 planes' flat pixels, then copied row by row
+        thread_local std::vector<float> Tv;
+        if (Tv.size() < (size_t)(np * 8 + 8)) Tv.resize((size_t)(np * 8 + 8));
+        float* Tt = align32(Tv.data());
+        for (int64_t j = 0; j < 8; ++j) src[j] = j < nc ? X + ((ni * c + c0 + j) * h + r0) * w : zeros.data();
+        transpose_into(Tt, np);
+        for (int64_t iy = r0; iy < r1; ++iy)
+          std::memcpy(P + ((iy - iy0) * pw + pl) * 8, Tt + (iy - r0) * w * 8, sizeof(float) * (size_t)(ncopy * 8));
+      }
+    }
+    const float* kb = Wb + (c0 / 8) * taps * 8;  // this block's taps, 8 channels each
+    int64_t toff[PADDED_TAPS];
+    for (int64_t t = 0; t < taps; ++t) toff[t] = ((t / kw) * dh * pw + (t % kw) * dw) * 8;
+    // eight output pixels at a time over the band's flat pixels: eight FMA chains in
+    // flight (four left the FMA's latency exposed: 25 taps x 5 cycles per four pixels),
+    // and a 7-wide row does not end on one chain; the last pixel repeats
+    int64_t oy = 0, ox = 0;
+    for (int64_t q0 = 0; q0 < nq; q0 += DW_PIXELS) {
+      const float* base[DW_PIXELS];
+      for (int64_t j = 0; j < DW_PIXELS; ++j) {
+        base[j] = P + (oy * sh * pw + ox * sw) * 8;
+        if (q0 + j + 1 < nq && ++ox == wo) ox = 0, ++oy;
+      }
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      for (int64_t t = 0; t < taps; ++t) {
+        const __m256 kk = _mm256_load_ps(kb + t * 8);
+        const int64_t off = toff[t];
+        a0 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[0] + off), a0);
+        a1 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[1] + off), a1);
+        a2 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[2] + off), a2);
+        a3 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[3] + off), a3);
+        a4 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[4] + off), a4);
+        a5 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[5] + off), a5);
+        a6 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[6] + off), a6);
+        a7 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[7] + off), a7);
+      }
+      float* out = R + q0 * 8;  // R has room for the repeats past nq
+      _mm256_store_ps(out, a0), _mm256_store_ps(out + 8, a1), _mm256_store_ps(out + 16, a2);
+      _mm256_store_ps(out + 24, a3), _mm256_store_ps(out + 32, a4), _mm256_store_ps(out + 40, a5);
+      _mm256_store_ps(out + 48, a6), _mm256_store_ps(out + 56, a7);
+    }
+    float* dst[8];
+    for (int64_t j = 0; j < 8; ++j) dst[j] = Y + (ni * co + c0 + std::min(j, nc - 1)) * ho * wo + oy0 * wo;
+    int64_t q = 0;
+    for (; q + 8 <= nq; q += 8) {
+      const float* s8 = R + q * 8;
+      __m256 v0 = _mm256_load_ps(s8), v1 = _mm256_load_ps(s8 + 8), v2 = _mm256_load_ps(s8 + 16),
+             v3 = _mm256_load_ps(s8 + 24), v4 = _mm256_load_ps(s8 + 32), v5 = _mm256_load_ps(s8 + 40),
+             v6 = _mm256_load_ps(s8 + 48), v7 = _mm256_load_ps(s8 + 56);
+      transpose8(v0, v1, v2, v3, v4, v5, v6, v7);
+      const __m256 vs[8] = {v0, v1, v2, v3, v4, v5, v6, v7};
+      for (int64_t j = nc - 1; j >= 0; --j) _mm256_storeu_ps(dst[j] + q, vs[j]);
+    }
+    for (; q < nq; ++q)
+      for (int64_t j = 0; j < nc; ++j) dst[j][q] = R[q * 8 + j];
+  }
 #endif
+  bool blocked_depthwise() const {
+#if defined(__AVX2__) && defined(__FMA__)
+    return kh * kw <= PADDED_TAPS;
+#else
+    return false;
+#endif
+  }
+
+  // Note [Few-pixel pointwise]: a 1x1 convolution over fewer pixels than a vector
+  // (MobileNetV3's head, 576 -> 1024 on one pixel; squeeze-excite's 1x1 convs) is a GEMV
+  // over its weights: out^T[pixels, Co] = X^T @ W^T with the weights as korch_gemm's
+  // packed right operand, every panel read once, tasks over panels. Through the
+  // pointwise rows kernel it computed 16 pixels of which one was real (575 us for
+  // 576 -> 1024 against onnxruntime's 86).
+  int conv_few_pixels(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
+    const int64_t cig = c / group, cog = co / group, HW = ho * wo, K = cig;
+    const float* Wp = pack(W, group, cog * K, K, cog, 1, K);
+    const int64_t per = korch_gemm::packed_size(K, cog), panels = (cog + korch_gemm::NR - 1) / korch_gemm::NR;
+    const int64_t outer = n * group;
+    const int64_t parts = std::min<int64_t>(panels, outer >= T ? 1 : (T + outer - 1) / outer);
+    parallel_for(outer * parts, T, [&](int64_t t) {
+      const int64_t part = t % parts, g = (t / parts) % group, ni = t / (parts * group);
+      const int64_t q0 = panels * part / parts, q1 = panels * (part + 1) / parts;
+      if (q1 <= q0) return;
+      const float* xg = X + (ni * c + g * cig) * HW;
+      float* yg = Y + (ni * co + g * cog) * HW;
+      korch_gemm::gemm(cog, K, xg, 1, HW, Wp + g * per, yg, 1, HW, 0, HW, q0, q1);
+      const int64_t n0 = q0 * korch_gemm::NR, n1 = std::min(cog, q1 * korch_gemm::NR);
+      const int64_t base = (ni * co + g * cog) * HW;
+      epilogue(Y, ptrs, base + n0 * HW, base + n1 * HW);
+    });
+    return 0;
+  }
 
   // depthwise: one output channel per input channel; the valid output columns of each
   // tap are computed once, the rows accumulate in L1
@@ -696,7 +805,6 @@ struct Linear {
     const float* x = X + (ni * c + ch) * h * w;
     const float* k = W + ch * kh * kw;
     float* y = Y + (ni * co + ch) * ho * wo;
-    if (padded_depthwise()) return depthwise_padded(x, k, y);
     int64_t lo[16], hi[16], shift[16];
     const bool small = kw <= 16;
     for (int64_t kx = 0; kx < kw && small; ++kx) {
@@ -946,6 +1054,20 @@ struct Linear {
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
     const double flops = 2.0 * n * co * HW * KK;
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
+    if (cig == 1 && cog == 1 && blocked_depthwise()) {  // Note [Channel-blocked depthwise]
+#if defined(__AVX2__) && defined(__FMA__)
+      const int64_t cb = (co + 7) / 8, rows = dw_band_rows(), bands = (ho + rows - 1) / rows;
+      const float* Wb = pack_depthwise(W);
+      parallel_for(n * cb * bands, T, [&](int64_t t) {
+        const int64_t band = t % bands, blk = (t / bands) % cb, ni = t / (bands * cb);
+        const int64_t oy0 = band * rows, oy1 = std::min(ho, oy0 + rows), c0 = blk * 8;
+        depthwise_blocked(X, Wb, Y, ni, c0, oy0, oy1);
+        for (int64_t ch = c0; ch < std::min(co, c0 + 8); ++ch)
+          epilogue(Y, ptrs, (ni * co + ch) * HW + oy0 * wo, (ni * co + ch) * HW + oy1 * wo);
+      });
+      return 0;
+#endif
+    }
     if (cig == 1 && cog == 1) {
       const int64_t tasks = n * co;
       parallel_for(tasks, T, [&](int64_t t) {
@@ -955,6 +1077,7 @@ struct Linear {
       return 0;
     }
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
+    if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
     if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
       return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
