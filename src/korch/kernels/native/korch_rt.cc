@@ -1052,7 +1052,10 @@ struct Linear {
     const float* W = static_cast<const float*>(ptrs[b]);
     float* Y = static_cast<float*>(ptrs[nin + main]);
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
-    const double flops = 2.0 * n * co * HW * KK;
+    // a depthwise FMA costs about four of a GEMM's (one load each, no reuse in registers),
+    // so its work is counted four times against Note [Serial small kernels]' threshold:
+    // MobileNetV3's 0.7-1.4 MFLOP depthwise convs ran serially at 100-200 us
+    const double flops = 2.0 * n * co * HW * KK * (cig == 1 && cog == 1 ? 4 : 1);
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
     if (cig == 1 && cog == 1 && blocked_depthwise()) {  // Note [Channel-blocked depthwise]
 #if defined(__AVX2__) && defined(__FMA__)
