@@ -60,6 +60,19 @@ CASES = {
     "conv1x1 576->96 7x7 + bias": lambda: conv_graph(
         (1, 576, 7, 7), (96, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
     ),
+    # resnet18's later stages (Note [Direct convolution]: 7 or 14 pixels a row), regnety's
+    # grouped 3x3 (8 channels a group) and the stem, the 1x1 convs of EfficientNet/ConvNeXt heads
+    "conv3x3 256->256 14x14": lambda: conv_graph((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1), 1),
+    "conv3x3 512->512 7x7": lambda: conv_graph((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1, 1, 1), 1),
+    "conv3x3 g46 368ch 7x7 + relu": lambda: conv_graph(
+        (1, 368, 7, 7), (368, 8, 3, 3), (1, 1), (1, 1, 1, 1), 46, relu=True
+    ),
+    "conv3x3 s2 3->32 224x224": lambda: conv_graph((1, 3, 224, 224), (32, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    "conv1x1 320->1280 7x7": lambda: conv_graph((1, 320, 7, 7), (1280, 320, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 1152->192 7x7": lambda: conv_graph((1, 1152, 7, 7), (192, 1152, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 160->640 14x14 + bias": lambda: conv_graph(
+        (1, 160, 14, 14), (640, 160, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
     # one pixel: the head's 576 -> 1024 (a GEMV over 2.4 MB of weights)
     "conv1x1 576->1024 1x1": lambda: conv_graph((1, 576, 1, 1), (1024, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1),
 }

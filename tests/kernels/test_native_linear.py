@@ -58,6 +58,11 @@ def test_matmul_split(case, tmp_path):
         # Note [Few-pixel pointwise]: one pixel in two groups (a GEMV each), and 3 x 3
         dict(x_shape=(2, 64, 1, 1), w_shape=(40, 32, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=2, bias=True),
         dict(x_shape=(1, 48, 3, 3), w_shape=(100, 48, 1, 1), strides=(1, 1), pads=(0, 0, 0, 0), group=1, relu=True),
+        # Note [Direct convolution bands] / [Wide tiles]: two images, K = 576 > KC, three
+        # panels (a pair and one alone), 7-pixel rows; 8 channels a group over 50-pixel
+        # rows (five tiles of 10 where tiles are wide), rows strided
+        dict(x_shape=(2, 64, 9, 7), w_shape=(48, 64, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
+        dict(x_shape=(1, 32, 11, 50), w_shape=(32, 8, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=4, relu=True),
     ],
     ids=[
         "3x3_bias",
@@ -75,6 +80,8 @@ def test_matmul_split(case, tmp_path):
         "depthwise_81_taps",
         "few_pixels_grouped_gemv",
         "few_pixels_3x3",
+        "direct_panels_and_k_blocks",
+        "direct_grouped_wide_rows",
     ],
 )
 def test_conv_split(case, tmp_path):

@@ -221,6 +221,9 @@ void parallel_for(int64_t n, int T, F&& f) {
 // held pool a job costs 7.7 us (benchmarks/native_dispatch.py), so they are now
 // conservative: lowering them is open (issue 25).
 constexpr double SERIAL_FLOPS = 1.5e6;
+// Note [Direct convolution bands]: a band holds up to this many register tiles (6 x 16
+// floats each: 96 tiles are 36 KB, summed over K where L1 and L2 keep them)
+constexpr int64_t BAND_TILES = 96;
 
 // --- epilogue --------------------------------------------------------------------------
 // op codes shared with linear.py
@@ -899,6 +902,16 @@ struct Linear {
   // NCHWc kernel in NCHW. The im2col path wrote and read back KK x pixels floats per
   // block and ran at 0.68-0.78x onnxruntime on 3x3 convs; packing im2col panels on the
   // fly instead cost a third of the time in the packing (Co = 32: six tiles per panel).
+  //
+  // Note [Direct convolution bands]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A task is one panel (a pair under Note [Wide tiles]) over a band of output rows
+  // (up to BAND_TILES tiles), with K blocked outside the rows: a block of packed weights
+  // is read once per band, and the band's tiles are summed over K in a task-local
+  // buffer, stored to Y once. A row is cut into tiles as equal as they can be: with a
+  // task per output row and 6-row tiles, resnet18's 7x7 stage (512 channels, 9.4 MB of
+  // weights) read every weight once per row and ran 7 pixels as 6 + 1, at 0.56x
+  // onnxruntime on one Zen 4 core; banded, wide and balanced, 0.93x.
   int conv_direct(const float* X, const float* Wp, float* Y, void* const* ptrs, int T) const {
 #if defined(__AVX2__) && defined(__FMA__)
     using korch_gemm::MR;
@@ -926,33 +939,63 @@ struct Linear {
       for (int64_t ky = 0; ky < kh; ++ky)
         for (int64_t kx = 0; kx < kw; ++kx) koff[(size_t)k++] = (ci * Hp + ky * dh) * Wpd + kx * dw;
     const int64_t* kt = koff.data();
-    // K in one block while a panel's block (64 bytes per k) stays within ~24 KB of L1
-    const int64_t kcb = KK <= 384 ? KK : korch_gemm::KC;
-    parallel_for(n * group * ho, T, [&](int64_t t) {
-      const int64_t ni = t / (group * ho), g = (t / ho) % group, oy = t % ho;
-      const float* xrow = Xp + (ni * c + g * cig) * Hp * Wpd + oy * sh * Wpd;
-      const float* wg = Wp + g * per;
-      float* yrow = Y + (ni * co + g * cog) * HW + oy * wo;
-      alignas(32) float tmp[MR * NR];
-      for (int64_t q = 0; q < panels; ++q) {
-        const int64_t n0 = q * NR, nn = std::min(NR, cog - n0);
-        for (int64_t ox0 = 0; ox0 < wo; ox0 += MR) {
-          const int64_t mr = std::min(MR, wo - ox0);
-          // the tile summed over K in registers and tmp, stored once
-          for (int64_t kk = 0; kk < KK; kk += kcb) {
-            const int64_t* ko = kt + kk;
-            korch_gemm::micro_at(std::min(kcb, KK - kk), xrow + ox0 * sw, sw,
-                                 [ko](int64_t k) { return ko[k]; }, mr, wg + q * KK * NR + kk * NR, tmp, kk > 0);
-          }
-          for (int64_t j = 0; j < nn; ++j) {
-            float* cp = yrow + (n0 + j) * HW + ox0;
-            for (int64_t r = 0; r < mr; ++r) cp[r] = tmp[r * NR + j];
+    // Note [Direct convolution bands]: a row's tiles as equal as they can be (7 pixels:
+    // 4 + 3, not 6 + 1), and a task is one panel (two with Note [Wide tiles]) over a
+    // band of rows, K blocked outside the rows, so a block of weights is read once per
+    // band, not once per row
+    constexpr int64_t TR = korch_gemm::wide ? korch_gemm::WR : MR, PP = korch_gemm::wide ? 2 : 1;
+    constexpr int64_t TS = korch_gemm::wide ? korch_gemm::WR * korch_gemm::WN : MR * NR, LD = korch_gemm::wide ? korch_gemm::WN : NR;
+    const int64_t tiles = (wo + TR - 1) / TR, pgroups = (panels + PP - 1) / PP;
+    const int64_t kcb = std::min<int64_t>(KK, korch_gemm::KC);
+    const int64_t outer = n * group * pgroups;
+    int64_t rows = std::max<int64_t>(1, std::min<int64_t>(ho, BAND_TILES / tiles));
+    if (outer * ((ho + rows - 1) / rows) < 2 * T) rows = std::max<int64_t>(1, ho * outer / (2 * T));
+    const int64_t bands = (ho + rows - 1) / rows;
+    parallel_for(outer * bands, T, [&](int64_t t) {
+      const int64_t band = t % bands, pg = (t / bands) % pgroups, g = (t / (bands * pgroups)) % group,
+                    ni = t / (bands * pgroups * group);
+      const int64_t oy0 = band * rows, oy1 = std::min(ho, oy0 + rows), q0 = pg * PP;
+      const int np = (int)std::min<int64_t>(PP, panels - q0);
+      const float* xg = Xp + (ni * c + g * cig) * Hp * Wpd;
+      const float* wq = Wp + g * per + q0 * KK * NR;
+      // the band's tiles, summed over K (64-byte aligned for the wide kernel's stores)
+      struct alignas(64) Line {
+        float f[16];
+      };
+      static thread_local std::vector<Line> accv;
+      if (accv.size() < (size_t)(rows * tiles * TS / 16)) accv.resize((size_t)(rows * tiles * TS / 16));
+      float* acc = reinterpret_cast<float*>(accv.data());
+      for (int64_t kk = 0; kk < KK; kk += kcb) {
+        const int64_t kc = std::min(kcb, KK - kk);
+        const int64_t* ko = kt + kk;
+        const auto off = [ko](int64_t k) { return ko[k]; };
+        for (int64_t oy = oy0; oy < oy1; ++oy) {
+          const float* xrow = xg + oy * sh * Wpd;
+          for (int64_t i = 0; i < tiles; ++i) {
+            const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
+            float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+#if defined(__AVX512F__)
+            korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0);
+#else
+            korch_gemm::micro_at(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, tile, kk > 0);
+#endif
           }
         }
       }
-      for (int64_t o = 0; o < cog; ++o) {
-        const int64_t base = (ni * co + g * cog + o) * HW + oy * wo;
-        epilogue(Y, ptrs, base, base + wo);
+      const int64_t n0 = q0 * NR, nn = std::min<int64_t>(np * NR, cog - n0);
+      float* yg = Y + (ni * co + g * cog + n0) * HW;
+      for (int64_t oy = oy0; oy < oy1; ++oy)
+        for (int64_t i = 0; i < tiles; ++i) {
+          const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
+          const float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+          for (int64_t j = 0; j < nn; ++j) {
+            float* cp = yg + j * HW + oy * wo + ox0;
+            for (int64_t r = 0; r < mr; ++r) cp[r] = tile[r * LD + j];
+          }
+        }
+      for (int64_t j = 0; j < nn; ++j) {
+        const int64_t base = (ni * co + g * cog + n0 + j) * HW;
+        epilogue(Y, ptrs, base + oy0 * wo, base + oy1 * wo);
       }
     });
     return 0;
