@@ -352,6 +352,80 @@ inline void micro_a(int64_t mr, int64_t kc, const float* Ap, const float* B, int
     default: return micro_a_panel<MR>(kc, Ap, B, ldb, C, ldc, acc);
   }
 }
+#if defined(__AVX512F__)
+// Note [Wide pointwise tiles]: the left-operand tile of Note [Pointwise convolution
+// rows] in zmm: R (<= MR) channels by V (<= 4) vectors of 16 pixels read in place, the
+// last vector masked (no padded copy: a masked load does not touch the lanes it
+// leaves out); 24 accumulators at R = 6, V = 4
+template <int R, int V>
+inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
+                            __mmask16 last) {
+  const __m512 z = _mm512_setzero_ps();
+#define KORCH_PDECL(i) __m512 c##i##0 = z, c##i##1 = z, c##i##2 = z, c##i##3 = z;
+  KORCH_PDECL(0) KORCH_PDECL(1) KORCH_PDECL(2) KORCH_PDECL(3) KORCH_PDECL(4) KORCH_PDECL(5)
+#undef KORCH_PDECL
+  const __mmask16 full = 0xFFFF;
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* b = B + k * ldb;
+    const __m512 b0 = _mm512_maskz_loadu_ps(V == 1 ? last : full, b);
+    const __m512 b1 = V > 1 ? _mm512_maskz_loadu_ps(V == 2 ? last : full, b + 16) : z;
+    const __m512 b2 = V > 2 ? _mm512_maskz_loadu_ps(V == 3 ? last : full, b + 32) : z;
+    const __m512 b3 = V > 3 ? _mm512_maskz_loadu_ps(last, b + 48) : z;
+    const float* a = Ap + k * MR;
+#define KORCH_PROW(i)                                                   \
+  if constexpr (R > i) {                                                \
+    const __m512 x = _mm512_set1_ps(a[i]);                              \
+    c##i##0 = _mm512_fmadd_ps(x, b0, c##i##0);                          \
+    if constexpr (V > 1) c##i##1 = _mm512_fmadd_ps(x, b1, c##i##1);     \
+    if constexpr (V > 2) c##i##2 = _mm512_fmadd_ps(x, b2, c##i##2);     \
+    if constexpr (V > 3) c##i##3 = _mm512_fmadd_ps(x, b3, c##i##3);     \
+  }
+    KORCH_PROW(0) KORCH_PROW(1) KORCH_PROW(2) KORCH_PROW(3) KORCH_PROW(4) KORCH_PROW(5)
+#undef KORCH_PROW
+  }
+  auto store = [&](int i, int v, __m512 val) {
+    float* c = C + i * ldc + v * 16;
+    const __mmask16 m = v == V - 1 ? last : full;
+    if (acc) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, c));
+    _mm512_mask_storeu_ps(c, m, val);
+  };
+#define KORCH_PSTORE(i)                              \
+  if constexpr (R > i) {                             \
+    store(i, 0, c##i##0);                            \
+    if constexpr (V > 1) store(i, 1, c##i##1);       \
+    if constexpr (V > 2) store(i, 2, c##i##2);       \
+    if constexpr (V > 3) store(i, 3, c##i##3);       \
+  }
+  KORCH_PSTORE(0) KORCH_PSTORE(1) KORCH_PSTORE(2) KORCH_PSTORE(3) KORCH_PSTORE(4) KORCH_PSTORE(5)
+#undef KORCH_PSTORE
+}
+
+template <int R>
+inline void micro_a_wide_r(int64_t nv, int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C,
+                           int64_t ldc, bool acc, __mmask16 last) {
+  switch (nv) {
+    case 1: return micro_a_wide_rv<R, 1>(kc, Ap, B, ldb, C, ldc, acc, last);
+    case 2: return micro_a_wide_rv<R, 2>(kc, Ap, B, ldb, C, ldc, acc, last);
+    case 3: return micro_a_wide_rv<R, 3>(kc, Ap, B, ldb, C, ldc, acc, last);
+    default: return micro_a_wide_rv<R, 4>(kc, Ap, B, ldb, C, ldc, acc, last);
+  }
+}
+
+// mr (1..MR) channels by np (1..64) pixels
+inline void micro_a_wide(int64_t mr, int64_t np, int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C,
+                         int64_t ldc, bool acc) {
+  const int64_t nv = (np + 15) / 16, rem = np - (nv - 1) * 16;
+  const __mmask16 last = (__mmask16)((1u << rem) - 1u);
+  switch (mr) {
+    case 1: return micro_a_wide_r<1>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+    case 2: return micro_a_wide_r<2>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+    case 3: return micro_a_wide_r<3>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+    case 4: return micro_a_wide_r<4>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+    case 5: return micro_a_wide_r<5>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+    default: return micro_a_wide_r<MR>(nv, kc, Ap, B, ldb, C, ldc, acc, last);
+  }
+}
+#endif
 #else
 constexpr bool available = false;
 inline void gemm(int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t, int64_t,

@@ -1049,6 +1049,20 @@ struct Linear {
       const float* xg = X + (ni * c + g * cig) * HW;
       float* yg = Y + (ni * co + g * cog) * HW;
       const float* ag = Ap + g * per;
+#if defined(__AVX512F__)
+      // Note [Wide pointwise tiles]: 64 pixels a tile, the last ones masked
+      for (int64_t p = p0; p < p1; p += 64) {
+        const int64_t np = std::min<int64_t>(64, p1 - p);
+        for (int64_t kk = 0; kk < K; kk += korch_gemm::KC) {
+          const int64_t kc = std::min(korch_gemm::KC, K - kk);
+          for (int64_t ti = t0; ti < t1; ++ti) {
+            const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
+            korch_gemm::micro_a_wide(mr, np, kc, ag + (ti * K + kk) * MR, xg + kk * HW + p, HW, yg + r0 * HW + p, HW,
+                                     kk > 0);
+          }
+        }
+      }
+#else
       alignas(32) float tail_b[korch_gemm::KC * NR];
       alignas(32) float tail_c[MR * NR];
       for (int64_t p = p0; p < p1; p += NR) {
@@ -1079,6 +1093,7 @@ struct Linear {
           }
         }
       }
+#endif
       for (int64_t o = t0 * MR; o < std::min(cog, t1 * MR); ++o) {
         const int64_t base = (ni * co + g * cog + o) * HW;
         epilogue(Y, ptrs, base + p0, base + p1);
@@ -1124,6 +1139,10 @@ struct Linear {
     }
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
     if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
+    // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
+    // pixels than there are (49: 64), the direct conv's pixel rows instead
+    if (direct && korch_gemm::wide && b_const && (HW + 15) / 16 * 16 * 20 > HW * 23)
+      return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
     if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
       return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
