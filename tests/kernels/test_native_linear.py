@@ -63,6 +63,8 @@ def test_matmul_split(case, tmp_path):
         # rows (five tiles of 10 where tiles are wide), rows strided
         dict(x_shape=(2, 64, 9, 7), w_shape=(48, 64, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
         dict(x_shape=(1, 32, 11, 50), w_shape=(32, 8, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=4, relu=True),
+        # a stem: 3 channels in, one panel out, padded band by band inside the tasks
+        dict(x_shape=(1, 3, 40, 50), w_shape=(16, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -82,6 +84,7 @@ def test_matmul_split(case, tmp_path):
         "few_pixels_3x3",
         "direct_panels_and_k_blocks",
         "direct_grouped_wide_rows",
+        "direct_stem_band_padding",
     ],
 )
 def test_conv_split(case, tmp_path):

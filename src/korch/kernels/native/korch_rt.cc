@@ -922,23 +922,6 @@ struct Linear {
     const int64_t Hp = std::max(h + pt, (ho - 1) * sh + (kh - 1) * dh + 1);
     const int64_t Wpd = std::max(w + pl, (wo - 1) * sw + (kw - 1) * dw + 1);
     const bool pad = pt || pl || Hp != h || Wpd != w;
-    const float* Xp = X;
-    static thread_local std::vector<float> padded;
-    if (pad) {
-      padded.resize((size_t)(n * c * Hp * Wpd));
-      float* P = padded.data();
-      parallel_for(n * c, T, [&](int64_t t) {
-        float* dst = P + t * Hp * Wpd;
-        std::memset(dst, 0, sizeof(float) * Hp * Wpd);
-        for (int64_t y = 0; y < h; ++y) std::memcpy(dst + (y + pt) * Wpd + pl, X + (t * h + y) * w, sizeof(float) * w);
-      });
-      Xp = P;
-    }
-    std::vector<int64_t> koff((size_t)KK);
-    for (int64_t ci = 0, k = 0; ci < cig; ++ci)
-      for (int64_t ky = 0; ky < kh; ++ky)
-        for (int64_t kx = 0; kx < kw; ++kx) koff[(size_t)k++] = (ci * Hp + ky * dh) * Wpd + kx * dw;
-    const int64_t* kt = koff.data();
     // Note [Direct convolution bands]: a row's tiles as equal as they can be (7 pixels:
     // 4 + 3, not 6 + 1), and a task is one panel (two with Note [Wide tiles]) over a
     // band of rows, K blocked outside the rows, so a block of weights is read once per
@@ -951,12 +934,58 @@ struct Linear {
     int64_t rows = std::max<int64_t>(1, std::min<int64_t>(ho, BAND_TILES / tiles));
     if (outer * ((ho + rows - 1) / rows) < 2 * T) rows = std::max<int64_t>(1, ho * outer / (2 * T));
     const int64_t bands = (ho + rows - 1) / rows;
+    // one task per band (a stem conv: few channels out, a large input): each task pads
+    // its band's rows itself, where it reads them, instead of one padded copy of the
+    // whole input written and read back through memory
+    const bool band_pad = pad && pgroups == 1 && bands > 1;
+    const int64_t BH = band_pad ? (rows - 1) * sh + (kh - 1) * dh + 1 : Hp;
+    const float* Xp = X;
+    static thread_local std::vector<float> padded;
+    if (pad && !band_pad) {
+      padded.resize((size_t)(n * c * Hp * Wpd));
+      float* P = padded.data();
+      parallel_for(n * c, T, [&](int64_t t) {
+        float* dst = P + t * Hp * Wpd;
+        std::memset(dst, 0, sizeof(float) * pt * Wpd);
+        for (int64_t y = 0; y < h; ++y) {
+          float* d = dst + (y + pt) * Wpd;
+          std::memset(d, 0, sizeof(float) * pl);
+          std::memcpy(d + pl, X + (t * h + y) * w, sizeof(float) * w);
+          std::memset(d + pl + w, 0, sizeof(float) * (Wpd - pl - w));
+        }
+        std::memset(dst + (h + pt) * Wpd, 0, sizeof(float) * (Hp - h - pt) * Wpd);
+      });
+      Xp = P;
+    }
+    std::vector<int64_t> koff((size_t)KK);
+    for (int64_t ci = 0, k = 0; ci < cig; ++ci)
+      for (int64_t ky = 0; ky < kh; ++ky)
+        for (int64_t kx = 0; kx < kw; ++kx) koff[(size_t)k++] = (ci * BH + ky * dh) * Wpd + kx * dw;
+    const int64_t* kt = koff.data();
     parallel_for(outer * bands, T, [&](int64_t t) {
       const int64_t band = t % bands, pg = (t / bands) % pgroups, g = (t / (bands * pgroups)) % group,
                     ni = t / (bands * pgroups * group);
       const int64_t oy0 = band * rows, oy1 = std::min(ho, oy0 + rows), q0 = pg * PP;
       const int np = (int)std::min<int64_t>(PP, panels - q0);
-      const float* xg = Xp + (ni * c + g * cig) * Hp * Wpd;
+      const float* xg = Xp + (ni * c + g * cig) * Hp * Wpd;  // row oy at xg + (oy - y0) * sh * Wpd
+      int64_t y0 = 0;
+      if (band_pad) {
+        static thread_local std::vector<float> band_rows;
+        band_rows.resize((size_t)(cig * BH * Wpd));
+        for (int64_t ci = 0; ci < cig; ++ci)
+          for (int64_t r = 0; r < BH; ++r) {
+            float* d = band_rows.data() + (ci * BH + r) * Wpd;
+            const int64_t iy = oy0 * sh + r - pt;
+            if (iy < 0 || iy >= h) {
+              std::memset(d, 0, sizeof(float) * Wpd);
+              continue;
+            }
+            std::memset(d, 0, sizeof(float) * pl);
+            std::memcpy(d + pl, X + ((ni * c + g * cig + ci) * h + iy) * w, sizeof(float) * w);
+            std::memset(d + pl + w, 0, sizeof(float) * (Wpd - pl - w));
+          }
+        xg = band_rows.data(), y0 = oy0;
+      }
       const float* wq = Wp + g * per + q0 * KK * NR;
       // the band's tiles, summed over K (64-byte aligned for the wide kernel's stores)
       struct alignas(64) Line {
@@ -970,7 +999,7 @@ struct Linear {
         const int64_t* ko = kt + kk;
         const auto off = [ko](int64_t k) { return ko[k]; };
         for (int64_t oy = oy0; oy < oy1; ++oy) {
-          const float* xrow = xg + oy * sh * Wpd;
+          const float* xrow = xg + (oy - y0) * sh * Wpd;
           for (int64_t i = 0; i < tiles; ++i) {
             const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
             float* tile = acc + ((oy - oy0) * tiles + i) * TS;
