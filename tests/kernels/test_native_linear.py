@@ -249,3 +249,47 @@ def test_epilogue_rows(operand, tmp_path):
     kg, consts = kernel_of(b.graph)
     assert plan_of(kg) is not None
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, pads=(0, 0, 0, 0)),  # Note [Flat pointwise rows]
+        dict(x=(2, 16, 20, 20), w=(24, 16, 1, 1), group=1, pads=(0, 0, 0, 0)),  # Note [Wide pointwise tiles]
+        dict(x=(1, 24, 15, 15), w=(24, 1, 3, 3), group=24, pads=(1, 1, 1, 1)),  # Note [Channel-blocked depthwise]
+        dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, pads=(1, 1, 1, 1)),  # Note [Direct convolution]
+    ],
+    ids=["flat_1x1_7x7", "pointwise", "depthwise", "direct_3x3"],
+)
+def test_vector_epilogue(conv, tmp_path):
+    """A chain with every kind of step (a per-channel bias, a residual, scalars on
+    either side, a saved value read back, HardSwish's clip, a tap written as a second
+    output, the unary ops) over each conv path's epilogue rows (Note [Epilogue rows]);
+    the outputs against onnxruntime (1e-4)."""
+    b = GraphBuilder()
+    x = b.input("x", conv["x"], "float32")
+    co = conv["w"][0]
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(*conv["w"]), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=conv["pads"],
+        group=conv["group"],
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    clip = b.binary(Op.MIN, b.binary(Op.MAX, b.binary(Op.ADD, y, b.scalar(3.0, y)), b.scalar(0.0, y)), b.scalar(6.0, y))
+    y = b.binary(Op.DIV, b.add(Op.MUL, [y, clip]), b.scalar(6.0, y))  # HardSwish
+    b.output("hswish", y)
+    shape = (conv["x"][0], co, conv["x"][2], conv["x"][3])
+    y = b.binary(Op.ADD, b.input("r", shape, "float32"), y)
+    y = b.binary(Op.SUB, b.scalar(0.5, y), y)
+    y = b.unary(Op.ABS, b.unary(Op.NEG, y))
+    y = b.unary(Op.TANH, b.binary(Op.MUL, y, b.scalar(0.3, y)))
+    b.output("y", y)
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and len(plan.epilogue) >= 12
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.n_outputs == 2
+

@@ -218,8 +218,10 @@ void parallel_for(int64_t n, int T, F&& f) {
 // Note [Serial small kernels]: a kernel that runs in less than about twice a parallel
 // job's cost on one thread stays on the calling thread. The thresholds (this one, and
 // SERIAL_BYTES in segment.py) were set when a job cost libgomp's wake-up; on korch's
-// held pool a job costs 7.7 us (benchmarks/native_dispatch.py), so they are now
-// conservative: lowering them is open (issue 25).
+// held pool a job's hand-off costs 0.3-1.1 us (timed in C++ around
+// korch_parallel_launch on a 2-core Zen 4 VM), so they are conservative. Lowering them
+// did not help mobilenetv3_small: its small elementwise kernels are slow on two threads
+// because their input was written by the other core, not because of the hand-off.
 constexpr double SERIAL_FLOPS = 1.5e6;
 // Note [Direct convolution bands]: a band holds up to this many register tiles (6 x 16
 // floats each: 96 tiles are 36 KB, summed over K where L1 and L2 keep them)
@@ -912,10 +914,18 @@ struct Linear {
   // task per output row and 6-row tiles, resnet18's 7x7 stage (512 channels, 9.4 MB of
   // weights) read every weight once per row and ran 7 pixels as 6 + 1, at 0.56x
   // onnxruntime on one Zen 4 core; banded, wide and balanced, 0.93x.
-  int conv_direct(const float* X, const float* Wp, float* Y, void* const* ptrs, int T) const {
+  //
+  // Note [Flat pointwise rows]: a 1x1 convolution (unit strides, no padding) has its
+  // pixels contiguous across output rows, so with flat it runs as one row of H x W
+  // pixels: a 7x7 output is 49 pixels in tiles of 10 and 9, not seven rows of 4 + 3 (a
+  // 3-row tile has 6 accumulators, fewer than the FMA pipes' latency needs busy).
+  int conv_direct(const float* X, const float* Wp, float* Y, void* const* ptrs, int T, bool flat = false) const {
 #if defined(__AVX2__) && defined(__FMA__)
     using korch_gemm::MR;
     using korch_gemm::NR;
+    // the geometry as the direct conv sees it (flat: one row of every pixel)
+    const int64_t ho = flat ? 1 : this->ho, wo = flat ? this->ho * this->wo : this->wo;
+    const int64_t h = flat ? 1 : this->h, w = flat ? this->h * this->w : this->w;
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, KK = cig * kh * kw;
     const int64_t per = korch_gemm::packed_size(KK, cog), panels = (cog + NR - 1) / NR;
     // the padded input: every tap of every output pixel inside
@@ -1171,7 +1181,7 @@ struct Linear {
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
     // pixels than there are (49: 64), the direct conv's pixel rows instead
     if (direct && korch_gemm::wide && b_const && (HW + 15) / 16 * 16 * 20 > HW * 23)
-      return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
+      return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T, /*flat=*/true);
     if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
       return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
