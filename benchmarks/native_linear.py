@@ -79,12 +79,12 @@ CASES = {
 BACKENDS = ("ort", "native", "numpy")
 
 
-def time_case(graph, threads: int) -> dict[str, float]:
+def time_case(graph, threads: int, backends=BACKENDS) -> dict[str, float]:
     kg, consts = kernel_of(graph)
     feeds = feeds_for(kg, consts)
     args = [feeds[n] if n in feeds else consts[n] for n in kg.inputs]
     kernels = {}
-    for name in BACKENDS:
+    for name in backends:
         b = get_backend(name)
         if b.supports(kg):
             kernels[name] = b.build(kg, consts, threads)
@@ -115,6 +115,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--only", nargs="*", default=[], help="cases whose name contains one of these")
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(BACKENDS),
+        help="time only these (one per process keeps onnxruntime's spinning pool off korch's)",
+    )
     args = p.parse_args()
     for t in args.threads:
         print(f"\n{t} thread(s), us (in brackets: onnxruntime's time over the backend's; above 1 is faster)\n")
@@ -123,9 +129,12 @@ def main() -> None:
         for case, make in CASES.items():
             if args.only and not any(o in case for o in args.only):
                 continue
-            r = time_case(make(), t)
-            cell = lambda n, r=r: f"{r[n]:.1f} ({r['ort'] / r[n]:.2f})" if n in r else "-"  # noqa: E731
-            print(f"| {case} | {r['ort']:.1f} | {cell('native')} | {cell('numpy')} |")
+            r = time_case(make(), t, args.backends)
+            ort_us = r.get("ort")
+            cell = lambda n, r=r, ort_us=ort_us: (  # noqa: E731
+                "-" if n not in r else f"{r[n]:.1f}" + (f" ({ort_us / r[n]:.2f})" if ort_us and n != "ort" else "")
+            )
+            print(f"| {case} | {cell('ort')} | {cell('native')} | {cell('numpy')} |")
 
 
 if __name__ == "__main__":
