@@ -292,4 +292,3 @@ def test_vector_epilogue(conv, tmp_path):
     assert plan is not None and len(plan.epilogue) >= 12
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.n_outputs == 2
-
