@@ -48,6 +48,13 @@ CASES = {
     "conv1x1 16->72 56x56 + relu": lambda: conv_graph(
         (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, relu=True
     ),
+    # with oneDNN-style post-ops (Note [Register post-ops]): MobileNetV3's conv + bias + act
+    "conv1x1 16->72 56x56 + bias + relu": lambda: conv_graph(
+        (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True, relu=True
+    ),
+    "dwconv3x3 s2 72ch 56x56 + bias + relu": lambda: conv_graph(
+        (1, 72, 56, 56), (72, 1, 3, 3), (2, 2), (1, 1, 1, 1), 72, bias=True, relu=True
+    ),
     "conv1x1 72->24 28x28 + bias": lambda: conv_graph(
         (1, 72, 28, 28), (24, 72, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
     ),

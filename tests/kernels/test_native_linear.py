@@ -292,3 +292,59 @@ def test_vector_epilogue(conv, tmp_path):
     assert plan is not None and len(plan.epilogue) >= 12
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.n_outputs == 2
+
+
+def _hard_sigmoid(b, y):
+    """fission's HardSigmoid (activations.py): min(max(y * 1/6 + 1/2, 0), 1)"""
+    y = b.binary(Op.ADD, b.binary(Op.MUL, y, b.scalar(1.0 / 6.0, y)), b.scalar(0.5, y))
+    return b.binary(Op.MIN, b.binary(Op.MAX, y, b.scalar(0.0, y)), b.scalar(1.0, y))
+
+
+POST_ACTS = {
+    # name: (the chain after the bias, steps in registers counting the bias)
+    "none": (lambda b, y: y, 1),
+    "relu": (lambda b, y: b.binary(Op.MAX, y, b.scalar(0.0, y)), 2),
+    "relu6": (lambda b, y: b.binary(Op.MIN, b.binary(Op.MAX, y, b.scalar(0.0, y)), b.scalar(6.0, y)), 3),
+    "hardsigmoid": (_hard_sigmoid, 5),
+    "hardswish": (lambda b, y: b.add(Op.MUL, [y, _hard_sigmoid(b, y)]), 7),
+    # a gate over a sigmoid, which the registers do not take: only the bias goes there
+    "silu": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)]), 1),
+    # a tail the registers do not take: it runs over rows after them
+    "relu_then_tanh": (lambda b, y: b.unary(Op.TANH, b.binary(Op.MAX, y, b.scalar(0.0, y))), 2),
+}
+
+
+@pytest.mark.parametrize("act", list(POST_ACTS))
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, pads=(0, 0, 0, 0)),  # Note [Flat pointwise rows]
+        dict(x=(2, 16, 20, 20), w=(24, 16, 1, 1), group=1, pads=(0, 0, 0, 0)),  # pointwise rows
+        dict(x=(1, 300, 6, 6), w=(20, 300, 1, 1), group=1, pads=(0, 0, 0, 0)),  # K over one block (KC = 256)
+        dict(x=(1, 20, 15, 15), w=(20, 1, 3, 3), group=20, pads=(1, 1, 1, 1)),  # channel-blocked depthwise
+        dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, pads=(1, 1, 1, 1)),  # direct
+    ],
+    ids=["flat_1x1_7x7", "pointwise", "pointwise_k300", "depthwise", "direct_3x3"],
+)
+def test_register_post_ops(conv, act, tmp_path):
+    """Note [Register post-ops]: a per-channel bias and fission's ReLU, ReLU6,
+    HardSigmoid and HardSwish applied to the tile in registers; how many steps go there
+    (structure), and the outputs against onnxruntime (numbers, 1e-4)."""
+    b = GraphBuilder()
+    x = b.input("x", conv["x"], "float32")
+    co = conv["w"][0]
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(*conv["w"]), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=conv["pads"],
+        group=conv["group"],
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    make, steps = POST_ACTS[act]
+    b.output("y", make(b, y))
+    kg, consts = kernel_of(b.graph)
+    assert plan_of(kg) is not None
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.post_steps == steps

@@ -407,16 +407,92 @@ struct Linear {
     erow = L, eouter = d;
   }
 
-  // the epilogue on output elements [begin, end)
-  void epilogue(float* out, void* const* ptrs, int64_t begin, int64_t end) const {
-    if (epi.empty()) return;
+  // Note [Register post-ops] (korch_gemm.h): how the chain's head maps onto one, if it
+  // does. Bias: a tensor ADD whose operand varies only along the channel (a conv's dim
+  // 1, a matmul's last). Then scalar MUL, ADD and right SUB (the affine map), then
+  // MAX/MIN (the clamp), all optionally between a save and a MUL by the saved value
+  // (the gate), that slot read nowhere else.
+  korch_gemm::Post post_spec;       // without its bias pointer (an input, known per call)
+  int64_t post_bias_pos = -1, post_bias_stride = 0;
+  size_t post_steps = 0;            // epilogue steps it does; 0: none
+
+  void plan_post() {
+    // convolutions only: the matmul paths do not apply one yet
+    const int64_t D = (int64_t)oshape.size(), chan = 1;
+    if (op != 1 || D < 2) return;
+    size_t i = 0;
+    if (i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD) {
+      bool ok = true;
+      for (int64_t d = 0; d < D; ++d)
+        if (d != chan && epi[i].strides[(size_t)d] != 0 && oshape[(size_t)d] != 1) ok = false;
+      if (ok) post_bias_pos = epi[i].pos, post_bias_stride = epi[i].strides[(size_t)chan], ++i;
+    }
+    // the activation, with the gate (a save first) and without
+    for (int gated = 1; gated >= 0; --gated) {
+      size_t j = i;
+      int64_t slot = -1;
+      if (gated) {
+        if (j >= epi.size() || epi[j].kind != 4) continue;
+        slot = epi[j++].pos;
+      }
+      float ga = 1.0f, gb = 0.0f, lo = -INFINITY, hi = INFINITY;
+      bool clamp = false;
+      for (; j < epi.size() && epi[j].kind == 1; ++j) {
+        const Step& st = epi[j];
+        const float v = st.scalar;
+        if (!clamp && st.op == MUL) ga *= v, gb *= v;
+        else if (!clamp && st.op == ADD) gb += v;
+        else if (!clamp && st.op == SUB && st.left) gb -= v;
+        else if (st.op == MAX) lo = std::max(lo, v), hi = std::max(hi, v), clamp = true;
+        else if (st.op == MIN) lo = std::min(lo, v), hi = std::min(hi, v), clamp = true;
+        else break;
+      }
+      if (!clamp) continue;  // an affine map alone is left to the rows
+      if (gated) {
+        if (j >= epi.size() || epi[j].kind != 5 || epi[j].op != MUL || epi[j].pos != slot) continue;
+        bool read_again = false;
+        for (size_t q = j + 1; q < epi.size(); ++q)
+          if (epi[q].kind == 5 && epi[q].pos == slot) read_again = true;
+        if (read_again) continue;
+        ++j;
+      }
+      post_spec.clamp = true, post_spec.gate = gated != 0;
+      post_spec.ga = ga, post_spec.gb = gb, post_spec.lo = lo, post_spec.hi = hi;
+      i = j;
+      break;
+    }
+    post_steps = i;
+  }
+
+  // the Post for one call: the bias made contiguous in buf where its stride is not 1
+  korch_gemm::Post post_for(void* const* ptrs, std::vector<float>& buf) const {
+    korch_gemm::Post p = post_spec;
+    if (post_bias_pos >= 0) {
+      const float* b = static_cast<const float*>(ptrs[post_bias_pos]);
+      const int64_t nch = co;
+      if (post_bias_stride == 1) {
+        p.bias = b;
+      } else {
+        buf.resize((size_t)nch);
+        for (int64_t ch = 0; ch < nch; ++ch) buf[(size_t)ch] = b[ch * post_bias_stride];
+        p.bias = buf.data();
+      }
+    }
+    return p;
+  }
+
+  // the epilogue on output elements [begin, end), from step `from` on (the steps
+  // before it done in registers: Note [Register post-ops])
+  void epilogue(float* out, void* const* ptrs, int64_t begin, int64_t end, size_t from = 0) const {
+    if (epi.size() <= from) return;
     const int64_t D = (int64_t)oshape.size(), L = erow;
     thread_local std::vector<float> scratch;
     if ((int64_t)scratch.size() < slots * EPI_CHUNK) scratch.resize((size_t)(slots * EPI_CHUNK));
     for (int64_t f = begin; f < end;) {
       const int64_t r = f / L, c0 = f % L, len = std::min({L - c0, end - f, EPI_CHUNK});
       float* v = out + f;
-      for (const Step& s : epi) {
+      for (size_t si = from; si < epi.size(); ++si) {
+        const Step& s = epi[si];
         if (s.kind == 3) {
           std::memcpy(static_cast<float*>(ptrs[nin + s.pos]) + f, v, sizeof(float) * len);
         } else if (s.kind == 4) {
@@ -665,7 +741,7 @@ struct Linear {
   }
 
   void depthwise_blocked(const float* X, const float* Wb, float* Y, int64_t ni, int64_t c0, int64_t oy0,
-                         int64_t oy1) const {
+                         int64_t oy1, const korch_gemm::Post* post) const {
     const int64_t nc = std::min<int64_t>(8, co - c0), taps = kh * kw;
     const int64_t pw = (wo - 1) * sw + (kw - 1) * dw + 1, bh = (oy1 - oy0 - 1) * sh + (kh - 1) * dh + 1;
     const int64_t iy0 = oy0 * sh - pt, nq = (oy1 - oy0) * wo;
@@ -748,6 +824,17 @@ struct Linear {
         a5 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[5] + off), a5);
         a6 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[6] + off), a6);
         a7 = _mm256_fmadd_ps(kk, _mm256_load_ps(base[7] + off), a7);
+      }
+      if (post) {  // Note [Register post-ops]: a vector is eight channels
+        if (post->bias) {
+          const __m256 b = _mm256_load_ps(post->bias);
+          a0 = _mm256_add_ps(a0, b), a1 = _mm256_add_ps(a1, b), a2 = _mm256_add_ps(a2, b), a3 = _mm256_add_ps(a3, b);
+          a4 = _mm256_add_ps(a4, b), a5 = _mm256_add_ps(a5, b), a6 = _mm256_add_ps(a6, b), a7 = _mm256_add_ps(a7, b);
+        }
+        a0 = korch_gemm::post_act8(*post, a0), a1 = korch_gemm::post_act8(*post, a1);
+        a2 = korch_gemm::post_act8(*post, a2), a3 = korch_gemm::post_act8(*post, a3);
+        a4 = korch_gemm::post_act8(*post, a4), a5 = korch_gemm::post_act8(*post, a5);
+        a6 = korch_gemm::post_act8(*post, a6), a7 = korch_gemm::post_act8(*post, a7);
       }
       float* out = R + q0 * 8;  // R has room for the repeats past nq
       _mm256_store_ps(out, a0), _mm256_store_ps(out + 8, a1), _mm256_store_ps(out + 16, a2);
@@ -972,6 +1059,8 @@ struct Linear {
       for (int64_t ky = 0; ky < kh; ++ky)
         for (int64_t kx = 0; kx < kw; ++kx) koff[(size_t)k++] = (ci * BH + ky * dh) * Wpd + kx * dw;
     const int64_t* kt = koff.data();
+    std::vector<float> bias_buf;
+    const korch_gemm::Post post = post_for(ptrs, bias_buf);
     parallel_for(outer * bands, T, [&](int64_t t) {
       const int64_t band = t % bands, pg = (t / bands) % pgroups, g = (t / (bands * pgroups)) % group,
                     ni = t / (bands * pgroups * group);
@@ -1023,10 +1112,27 @@ struct Linear {
       }
       const int64_t n0 = q0 * NR, nn = std::min<int64_t>(np * NR, cog - n0);
       float* yg = Y + (ni * co + g * cog + n0) * HW;
+      // Note [Register post-ops]: a tile's row is LD channels, its bias zero past nn
+      alignas(64) float bt[LD] = {};
+      if (post.bias)
+        for (int64_t j = 0; j < nn; ++j) bt[j] = post.bias[g * cog + n0 + j];
       for (int64_t oy = oy0; oy < oy1; ++oy)
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
-          const float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+          float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+          if (post_steps)
+            for (int64_t r = 0; r < mr; ++r)
+              for (int64_t j = 0; j < LD; j += korch_gemm::wide ? 16 : 8) {
+#if defined(__AVX512F__)
+                __m512 v = _mm512_load_ps(tile + r * LD + j);
+                if (post.bias) v = _mm512_add_ps(v, _mm512_load_ps(bt + j));
+                _mm512_store_ps(tile + r * LD + j, korch_gemm::post_act16(post, v));
+#else
+                __m256 v = _mm256_load_ps(tile + r * LD + j);
+                if (post.bias) v = _mm256_add_ps(v, _mm256_load_ps(bt + j));
+                _mm256_store_ps(tile + r * LD + j, korch_gemm::post_act8(post, v));
+#endif
+              }
           for (int64_t j = 0; j < nn; ++j) {
             float* cp = yg + j * HW + oy * wo + ox0;
             for (int64_t r = 0; r < mr; ++r) cp[r] = tile[r * LD + j];
@@ -1034,7 +1140,7 @@ struct Linear {
         }
       for (int64_t j = 0; j < nn; ++j) {
         const int64_t base = (ni * co + g * cog + n0 + j) * HW;
-        epilogue(Y, ptrs, base + oy0 * wo, base + oy1 * wo);
+        epilogue(Y, ptrs, base + oy0 * wo, base + oy1 * wo, post_steps);
       }
     });
     return 0;
@@ -1080,7 +1186,17 @@ struct Linear {
     if (n * group * pblocks < T) cblocks = std::min(tiles, (T + n * group * pblocks - 1) / (n * group * pblocks));
     const int64_t tiles_per = (tiles + cblocks - 1) / cblocks;
     cblocks = (tiles + tiles_per - 1) / tiles_per;
+    std::vector<float> bias_buf;
+    const korch_gemm::Post post = post_for(ptrs, bias_buf);
+    // the tile of rows from r0 of group g: its Post (null: none, or not the last block of K)
+    auto tile_post = [&](korch_gemm::Post& q, int64_t g, int64_t r0, bool last) -> const korch_gemm::Post* {
+      if (!post_steps || !last) return nullptr;
+      q = post;
+      if (q.bias) q.bias += g * cog + r0;
+      return &q;
+    };
     parallel_for(n * group * pblocks * cblocks, T, [&](int64_t t) {
+      korch_gemm::Post q;
       const int64_t cb = t % cblocks, pb = (t / cblocks) % pblocks, g = (t / (cblocks * pblocks)) % group,
                     ni = t / (cblocks * pblocks * group);
       const int64_t t0 = cb * tiles_per, t1 = std::min(tiles, t0 + tiles_per);
@@ -1097,7 +1213,7 @@ struct Linear {
           for (int64_t ti = t0; ti < t1; ++ti) {
             const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
             korch_gemm::micro_a_wide(mr, np, kc, ag + (ti * K + kk) * MR, xg + kk * HW + p, HW, yg + r0 * HW + p, HW,
-                                     kk > 0);
+                                     kk > 0, tile_post(q, g, r0, kk + kc == K));
           }
         }
       }
@@ -1120,13 +1236,17 @@ struct Linear {
           for (int64_t ti = t0; ti < t1; ++ti) {
             const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
             const float* a = ag + (ti * K + kk) * MR;
+            const korch_gemm::Post* tp = tile_post(q, g, r0, kk + kc == K);
             if (nn == NR) {
-              korch_gemm::micro_a(mr, kc, a, B, ldb, yg + r0 * HW + p, HW, kk > 0);
+              korch_gemm::micro_a(mr, kc, a, B, ldb, yg + r0 * HW + p, HW, kk > 0, tp);
             } else {
               korch_gemm::micro_a(mr, kc, a, B, ldb, tail_c, NR, false);
               for (int64_t i = 0; i < mr; ++i) {
                 float* y = yg + (r0 + i) * HW + p;
                 for (int64_t j = 0; j < nn; ++j) y[j] = kk ? y[j] + tail_c[i * NR + j] : tail_c[i * NR + j];
+                if (tp)
+                  for (int64_t j = 0; j < nn; ++j)
+                    y[j] = korch_gemm::post_act1(*tp, tp->bias ? y[j] + tp->bias[i] : y[j]);
               }
             }
           }
@@ -1135,7 +1255,7 @@ struct Linear {
 #endif
       for (int64_t o = t0 * MR; o < std::min(cog, t1 * MR); ++o) {
         const int64_t base = (ni * co + g * cog + o) * HW;
-        epilogue(Y, ptrs, base + p0, base + p1);
+        epilogue(Y, ptrs, base + p0, base + p1, post_steps);
       }
     });
     return 0;
@@ -1158,12 +1278,21 @@ struct Linear {
 #if defined(__AVX2__) && defined(__FMA__)
       const int64_t cb = (co + 7) / 8, rows = dw_band_rows(), bands = (ho + rows - 1) / rows;
       const float* Wb = pack_depthwise(W);
+      std::vector<float> bias_buf;
+      const korch_gemm::Post post = post_for(ptrs, bias_buf);
       parallel_for(n * cb * bands, T, [&](int64_t t) {
         const int64_t band = t % bands, blk = (t / bands) % cb, ni = t / (bands * cb);
         const int64_t oy0 = band * rows, oy1 = std::min(ho, oy0 + rows), c0 = blk * 8;
-        depthwise_blocked(X, Wb, Y, ni, c0, oy0, oy1);
+        // Note [Register post-ops]: the block's eight channels of bias, zero past co
+        alignas(32) float b8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        korch_gemm::Post q = post;
+        if (post.bias) {
+          for (int64_t j = 0; j < std::min<int64_t>(8, co - c0); ++j) b8[j] = post.bias[c0 + j];
+          q.bias = b8;
+        }
+        depthwise_blocked(X, Wb, Y, ni, c0, oy0, oy1, post_steps ? &q : nullptr);
         for (int64_t ch = c0; ch < std::min(co, c0 + 8); ++ch)
-          epilogue(Y, ptrs, (ni * co + ch) * HW + oy0 * wo, (ni * co + ch) * HW + oy1 * wo);
+          epilogue(Y, ptrs, (ni * co + ch) * HW + oy0 * wo, (ni * co + ch) * HW + oy1 * wo, post_steps);
       });
       return 0;
 #endif
@@ -1355,6 +1484,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     return nullptr;
   }
   k->plan_rows();
+  k->plan_post();
   if (g_threads == 0) scipy_openblas_set_num_threads(1);
   return k;
 }
@@ -1362,6 +1492,8 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
 int korch_linear_run(void* handle, void* const* ptrs) { return static_cast<Linear*>(handle)->run(ptrs); }
 
 void korch_linear_free(void* handle) { delete static_cast<Linear*>(handle); }
+
+int64_t korch_linear_post_steps(void* handle) { return (int64_t) static_cast<Linear*>(handle)->post_steps; }
 
 // TVM's parallel ABI: f(task_id, TVMParallelGroupEnv*, cdata); env = {sync_handle, num_task}
 struct GroupEnv {

@@ -16,6 +16,8 @@ void* korch_linear_create(const int64_t* code, int64_t n);
 // ptrs: the kernel's inputs in order, then its output. 0 on success.
 int korch_linear_run(void* handle, void* const* ptrs);
 void korch_linear_free(void* handle);
+// how many of its epilogue steps run in registers (Note [Register post-ops]); tests
+int64_t korch_linear_post_steps(void* handle);
 
 void korch_set_threads(int n);
 int korch_get_threads();

@@ -25,6 +25,12 @@ class RuntimeKernel(CompiledKernel):
             raise RuntimeError(self._lib.korch_last_error().decode())
         self._handle = ctypes.c_void_p(handle)
 
+    @property
+    def post_steps(self) -> int:
+        """How many of the epilogue's steps the kernel applies in registers, on the
+        paths that can (Note [Register post-ops] in korch_gemm.h)."""
+        return int(self._lib.korch_linear_post_steps(self._handle))
+
     def __del__(self):
         h = getattr(self, "_handle", None)
         if h is not None and h.value:

@@ -205,6 +205,8 @@ def runtime() -> ctypes.CDLL:
     lib.korch_linear_create.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.korch_linear_run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.korch_linear_free.argtypes = [ctypes.c_void_p]
+    lib.korch_linear_post_steps.argtypes = [ctypes.c_void_p]
+    lib.korch_linear_post_steps.restype = ctypes.c_int64
     lib.korch_last_error.restype = ctypes.c_char_p
     lib.korch_set_threads.argtypes = [ctypes.c_int]
     lib.korch_pool_hold.argtypes = [ctypes.c_int]
