@@ -307,8 +307,10 @@ POST_ACTS = {
     "relu6": (lambda b, y: b.binary(Op.MIN, b.binary(Op.MAX, y, b.scalar(0.0, y)), b.scalar(6.0, y)), 3),
     "hardsigmoid": (_hard_sigmoid, 5),
     "hardswish": (lambda b, y: b.add(Op.MUL, [y, _hard_sigmoid(b, y)]), 7),
-    # a gate over a sigmoid, which the registers do not take: only the bias goes there
-    "silu": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)]), 1),
+    "sigmoid": (lambda b, y: b.unary(Op.SIGMOID, y), 2),
+    "silu": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)]), 4),
+    # a gate over a tanh, which the registers do not take: only the bias goes there
+    "tanh_gate": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.TANH, y)]), 1),
     # a tail the registers do not take: it runs over rows after them
     "relu_then_tanh": (lambda b, y: b.unary(Op.TANH, b.binary(Op.MAX, y, b.scalar(0.0, y))), 2),
 }
@@ -328,7 +330,7 @@ POST_ACTS = {
 )
 def test_register_post_ops(conv, act, tmp_path):
     """Note [Register post-ops]: a per-channel bias and fission's ReLU, ReLU6,
-    HardSigmoid and HardSwish applied to the tile in registers; how many steps go there
+    HardSigmoid, HardSwish, Sigmoid and SiLU applied to the tile in registers; how many steps go there
     (structure), and the outputs against onnxruntime (numbers, 1e-4)."""
     b = GraphBuilder()
     x = b.input("x", conv["x"], "float32")

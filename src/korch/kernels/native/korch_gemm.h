@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 namespace korch_gemm {
@@ -42,40 +43,127 @@ inline void pack_b(const float* B, int64_t K, int64_t N, int64_t bk, int64_t bn,
 //   y = acc + bias[channel];  g = min(max(y * ga + gb, lo), hi);  out = gate ? y * g : g
 //
 // ReLU is lo = 0, ReLU6 lo = 0 and hi = 6, HardSigmoid ga = 1/6, gb = 1/2, lo = 0,
-// hi = 1, and HardSwish that with the gate (fission's forms, activations.py). The rest
+// hi = 1, and HardSwish that with the gate (fission's forms, activations.py); with
+// sigmoid for the clamp, Sigmoid and (gated) SiLU. The rest
 // of the chain runs over rows after the tile is stored (Note [Epilogue rows]). Run as
 // passes over the stored output, bias and ReLU cost 45% of a 1x1 conv of 16 -> 72
 // channels on 56 x 56 pixels (83 us, 106 with the bias, 120 with the ReLU, one Zen 4
-// core): each pass read and wrote a task's block through L2.
+// core): each pass read and wrote a task's block through L2. Where it is applied:
+// - the pointwise tile (micro_a, micro_a_wide): in the stores, the post a template
+//   argument (87 us with bias and ReLU);
+// - the direct conv's tile (micro_wide, micro_at): right after the micro kernel, on
+//   the tile it stored in L1 (post_tile), the loop specialised on whether there is one;
+// - the channel-blocked depthwise conv: on its eight accumulators before they are
+//   transposed back.
+// Convolutions only so far: the matmul and im2col paths run the whole chain over rows.
 struct Post {
   const float* bias = nullptr;  // bias[channel], contiguous; null: none
-  bool clamp = false, gate = false;
+  bool clamp = false, sigmoid = false, gate = false;  // sigmoid: g = 1 / (1 + exp(-y)) instead
+  bool affine = true;  // false: ga = 1 and gb = 0, the map skipped (ReLU, ReLU6)
   float ga = 1.0f, gb = 0.0f, lo = 0.0f, hi = 0.0f;
 };
 
 // the activation part of a Post on one value (the bias already added)
 inline float post_act1(const Post& p, float y) {
-  if (!p.clamp) return y;
-  const float g = std::min(std::max(y * p.ga + p.gb, p.lo), p.hi);
+  float g;
+  if (p.clamp) g = std::min(std::max(y * p.ga + p.gb, p.lo), p.hi);
+  else if (p.sigmoid) g = 1.0f / (1.0f + std::exp(-y));
+  else return y;
   return p.gate ? y * g : g;
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool available = true;
 
+// Note [Vector transcendentals] in korch_rt.cc: Cephes exp, eight lanes
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.33654022216797f);
+  const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_set1_ps(2.0f));
+  return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+}
+
 // the activation part of a Post on eight lanes (the bias already added)
 inline __m256 post_act8(const Post& p, __m256 y) {
-  if (!p.clamp) return y;
-  __m256 g = _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(p.ga)), _mm256_set1_ps(p.gb));
-  g = _mm256_min_ps(_mm256_max_ps(g, _mm256_set1_ps(p.lo)), _mm256_set1_ps(p.hi));
+  __m256 g;
+  if (p.clamp) {
+    g = p.affine ? _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(p.ga)), _mm256_set1_ps(p.gb)) : y;
+    g = _mm256_min_ps(_mm256_max_ps(g, _mm256_set1_ps(p.lo)), _mm256_set1_ps(p.hi));
+  } else if (p.sigmoid) {  // the rows' formula (korch_rt.cc unary8), so the same values
+    const __m256 one = _mm256_set1_ps(1.0f);
+    g = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), y))));
+  } else {
+    return y;
+  }
   return p.gate ? _mm256_mul_ps(y, g) : g;
 }
 #if defined(__AVX512F__)
+inline __m512 exp16(__m512 x) {  // exp8 on sixteen lanes
+  const __m512 hi = _mm512_set1_ps(88.72283935546875f), lo = _mm512_set1_ps(-87.33654022216797f);
+  const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(126)), 23);
+  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(bits)), _mm512_set1_ps(2.0f));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
+}
+
 inline __m512 post_act16(const Post& p, __m512 y) {
-  if (!p.clamp) return y;
-  __m512 g = _mm512_add_ps(_mm512_mul_ps(y, _mm512_set1_ps(p.ga)), _mm512_set1_ps(p.gb));
-  g = _mm512_min_ps(_mm512_max_ps(g, _mm512_set1_ps(p.lo)), _mm512_set1_ps(p.hi));
+  __m512 g;
+  if (p.clamp) {
+    g = p.affine ? _mm512_add_ps(_mm512_mul_ps(y, _mm512_set1_ps(p.ga)), _mm512_set1_ps(p.gb)) : y;
+    g = _mm512_min_ps(_mm512_max_ps(g, _mm512_set1_ps(p.lo)), _mm512_set1_ps(p.hi));
+  } else if (p.sigmoid) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    g = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), y))));
+  } else {
+    return y;
+  }
   return p.gate ? _mm512_mul_ps(y, g) : g;
+}
+#endif
+
+// a Post over a tile just stored by a micro kernel, still in L1: mr rows of ld floats,
+// panels x NR columns (the channels; post.bias aligned, one per column). Applied in the
+// micro kernels' own stores instead, the pointer and its branch cost the kernels with
+// no post at all: the stem conv's 24-accumulator tile 40% (190 -> 267 us), the
+// pointwise 1x1 16 -> 72 on 56 x 56 16% (83 -> 97 us). So they stay out of them.
+inline void post_tile(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < panels * NR; j += 8) {
+      __m256 v = _mm256_load_ps(tile + r * ld + j);
+      if (post.bias) v = _mm256_add_ps(v, _mm256_load_ps(post.bias + j));
+      _mm256_store_ps(tile + r * ld + j, post_act8(post, v));
+    }
+}
+#if defined(__AVX512F__)
+inline void post_tile16(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
+  for (int64_t r = 0; r < mr; ++r)
+    for (int64_t j = 0; j < panels * NR; j += 16) {
+      __m512 v = _mm512_load_ps(tile + r * ld + j);
+      if (post.bias) v = _mm512_add_ps(v, _mm512_load_ps(post.bias + j));
+      _mm512_store_ps(tile + r * ld + j, post_act16(post, v));
+    }
 }
 #endif
 
@@ -351,9 +439,9 @@ inline void pack_a(const float* A, int64_t M, int64_t K, int64_t ars, int64_t ac
 
 // C(R x NR) = Ap(R rows of a packed panel, kc) @ B(kc, NR), plus what C holds when acc:
 // B(k, j) = B[k * ldb + j] read in place (unaligned), C(i, j) = C[i * ldc + j]
-template <int R>
+template <int R, bool POST = false>
 inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
-                          const Post* post) {
+                          const Post* post = nullptr) {
   const __m256 z = _mm256_setzero_ps();
   __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
   for (int64_t k = 0; k < kc; ++k) {
@@ -374,7 +462,7 @@ inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t l
       v0 = _mm256_add_ps(v0, _mm256_loadu_ps(c));
       v1 = _mm256_add_ps(v1, _mm256_loadu_ps(c + 8));
     }
-    if (post) {  // Note [Register post-ops]: rows are channels
+    if constexpr (POST) {  // Note [Register post-ops]: rows are channels
       if (post->bias) {
         const __m256 b = _mm256_set1_ps(post->bias[i]);
         v0 = _mm256_add_ps(v0, b), v1 = _mm256_add_ps(v1, b);
@@ -392,16 +480,30 @@ inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t l
   if constexpr (R > 5) store(5, c50, c51);
 }
 
-// post: Note [Register post-ops] on the last block of K, its bias at the tile's first row
+// post: Note [Register post-ops] (the last block of K), bias[0] the tile's first row's.
+// A template argument, not a test in the store: a pointer and a branch there cost the
+// kernels with no post at all (the 1x1 16 -> 72 on 56 x 56: 83 -> 97 us, one Zen 4 core).
+// Applied to the output after the store instead, the reload of a masked store does not
+// forward from it and stalls (a ReLU alone cost 38 us of that kernel).
 inline void micro_a(int64_t mr, int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc,
                     bool acc, const Post* post = nullptr) {
+  if (post) {
+    switch (mr) {
+      case 1: return micro_a_panel<1, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+      case 2: return micro_a_panel<2, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+      case 3: return micro_a_panel<3, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+      case 4: return micro_a_panel<4, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+      case 5: return micro_a_panel<5, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+      default: return micro_a_panel<MR, true>(kc, Ap, B, ldb, C, ldc, acc, post);
+    }
+  }
   switch (mr) {
-    case 1: return micro_a_panel<1>(kc, Ap, B, ldb, C, ldc, acc, post);
-    case 2: return micro_a_panel<2>(kc, Ap, B, ldb, C, ldc, acc, post);
-    case 3: return micro_a_panel<3>(kc, Ap, B, ldb, C, ldc, acc, post);
-    case 4: return micro_a_panel<4>(kc, Ap, B, ldb, C, ldc, acc, post);
-    case 5: return micro_a_panel<5>(kc, Ap, B, ldb, C, ldc, acc, post);
-    default: return micro_a_panel<MR>(kc, Ap, B, ldb, C, ldc, acc, post);
+    case 1: return micro_a_panel<1>(kc, Ap, B, ldb, C, ldc, acc);
+    case 2: return micro_a_panel<2>(kc, Ap, B, ldb, C, ldc, acc);
+    case 3: return micro_a_panel<3>(kc, Ap, B, ldb, C, ldc, acc);
+    case 4: return micro_a_panel<4>(kc, Ap, B, ldb, C, ldc, acc);
+    case 5: return micro_a_panel<5>(kc, Ap, B, ldb, C, ldc, acc);
+    default: return micro_a_panel<MR>(kc, Ap, B, ldb, C, ldc, acc);
   }
 }
 #if defined(__AVX512F__)
@@ -409,7 +511,7 @@ inline void micro_a(int64_t mr, int64_t kc, const float* Ap, const float* B, int
 // rows] in zmm: R (<= MR) channels by V (<= 4) vectors of 16 pixels read in place, the
 // last vector masked (no padded copy: a masked load does not touch the lanes it
 // leaves out); 24 accumulators at R = 6, V = 4
-template <int R, int V>
+template <int R, int V, bool POST>
 inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
                             __mmask16 last, const Post* post) {
   const __m512 z = _mm512_setzero_ps();
@@ -439,7 +541,7 @@ inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t
     float* c = C + i * ldc + v * 16;
     const __mmask16 m = v == V - 1 ? last : full;
     if (acc) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, c));
-    if (post) {  // Note [Register post-ops]: rows are channels
+    if constexpr (POST) {  // Note [Register post-ops]: rows are channels
       if (post->bias) val = _mm512_add_ps(val, _mm512_set1_ps(post->bias[i]));
       val = post_act16(*post, val);
     }
@@ -456,14 +558,14 @@ inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t
 #undef KORCH_PSTORE
 }
 
-template <int R>
+template <int R, bool POST>
 inline void micro_a_wide_r(int64_t nv, int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C,
                            int64_t ldc, bool acc, __mmask16 last, const Post* post) {
   switch (nv) {
-    case 1: return micro_a_wide_rv<R, 1>(kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 2: return micro_a_wide_rv<R, 2>(kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 3: return micro_a_wide_rv<R, 3>(kc, Ap, B, ldb, C, ldc, acc, last, post);
-    default: return micro_a_wide_rv<R, 4>(kc, Ap, B, ldb, C, ldc, acc, last, post);
+    case 1: return micro_a_wide_rv<R, 1, POST>(kc, Ap, B, ldb, C, ldc, acc, last, post);
+    case 2: return micro_a_wide_rv<R, 2, POST>(kc, Ap, B, ldb, C, ldc, acc, last, post);
+    case 3: return micro_a_wide_rv<R, 3, POST>(kc, Ap, B, ldb, C, ldc, acc, last, post);
+    default: return micro_a_wide_rv<R, 4, POST>(kc, Ap, B, ldb, C, ldc, acc, last, post);
   }
 }
 
@@ -472,13 +574,23 @@ inline void micro_a_wide(int64_t mr, int64_t np, int64_t kc, const float* Ap, co
                          int64_t ldc, bool acc, const Post* post = nullptr) {
   const int64_t nv = (np + 15) / 16, rem = np - (nv - 1) * 16;
   const __mmask16 last = (__mmask16)((1u << rem) - 1u);
+  if (post) {  // micro_a: a template argument
+    switch (mr) {
+      case 1: return micro_a_wide_r<1, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+      case 2: return micro_a_wide_r<2, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+      case 3: return micro_a_wide_r<3, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+      case 4: return micro_a_wide_r<4, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+      case 5: return micro_a_wide_r<5, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+      default: return micro_a_wide_r<MR, true>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+    }
+  }
   switch (mr) {
-    case 1: return micro_a_wide_r<1>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 2: return micro_a_wide_r<2>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 3: return micro_a_wide_r<3>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 4: return micro_a_wide_r<4>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
-    case 5: return micro_a_wide_r<5>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
-    default: return micro_a_wide_r<MR>(nv, kc, Ap, B, ldb, C, ldc, acc, last, post);
+    case 1: return micro_a_wide_r<1, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
+    case 2: return micro_a_wide_r<2, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
+    case 3: return micro_a_wide_r<3, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
+    case 4: return micro_a_wide_r<4, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
+    case 5: return micro_a_wide_r<5, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
+    default: return micro_a_wide_r<MR, false>(nv, kc, Ap, B, ldb, C, ldc, acc, last, nullptr);
   }
 }
 #endif

@@ -285,23 +285,7 @@ void binary(int64_t op, float* v, int64_t n, const float* o, int64_t s, bool lef
 // vectorize without -ffast-math (a SiLU epilogue ran one expf per element). These are
 // the generated kernels' formulas (korch/kernels/tvm/fastmath.py: Cephes exp, Eigen's
 // tanh), eight lanes at a time; the same error bounds.
-inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.33654022216797f);
-  const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(126)), 23);
-  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), _mm256_set1_ps(2.0f));
-  return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-}
+using korch_gemm::exp8;  // korch_gemm.h: Note [Register post-ops] needs it too
 
 inline __m256 tanh8(__m256 x) {
   const __m256 c = _mm256_set1_ps(7.90531110763549805f);
@@ -410,8 +394,8 @@ struct Linear {
   // Note [Register post-ops] (korch_gemm.h): how the chain's head maps onto one, if it
   // does. Bias: a tensor ADD whose operand varies only along the channel (a conv's dim
   // 1, a matmul's last). Then scalar MUL, ADD and right SUB (the affine map), then
-  // MAX/MIN (the clamp), all optionally between a save and a MUL by the saved value
-  // (the gate), that slot read nowhere else.
+  // MAX/MIN (the clamp), or a SIGMOID alone, all optionally between a save and a MUL by
+  // the saved value (the gate), that slot read nowhere else.
   korch_gemm::Post post_spec;       // without its bias pointer (an input, known per call)
   int64_t post_bias_pos = -1, post_bias_stride = 0;
   size_t post_steps = 0;            // epilogue steps it does; 0: none
@@ -436,8 +420,9 @@ struct Linear {
         slot = epi[j++].pos;
       }
       float ga = 1.0f, gb = 0.0f, lo = -INFINITY, hi = INFINITY;
-      bool clamp = false;
-      for (; j < epi.size() && epi[j].kind == 1; ++j) {
+      bool clamp = false, sigmoid = false;
+      if (j < epi.size() && epi[j].kind == 0 && epi[j].op == SIGMOID) sigmoid = true, ++j;
+      for (; !sigmoid && j < epi.size() && epi[j].kind == 1; ++j) {
         const Step& st = epi[j];
         const float v = st.scalar;
         if (!clamp && st.op == MUL) ga *= v, gb *= v;
@@ -447,7 +432,7 @@ struct Linear {
         else if (st.op == MIN) lo = std::min(lo, v), hi = std::min(hi, v), clamp = true;
         else break;
       }
-      if (!clamp) continue;  // an affine map alone is left to the rows
+      if (!clamp && !sigmoid) continue;  // an affine map alone is left to the rows
       if (gated) {
         if (j >= epi.size() || epi[j].kind != 5 || epi[j].op != MUL || epi[j].pos != slot) continue;
         bool read_again = false;
@@ -456,7 +441,8 @@ struct Linear {
         if (read_again) continue;
         ++j;
       }
-      post_spec.clamp = true, post_spec.gate = gated != 0;
+      post_spec.clamp = clamp, post_spec.sigmoid = sigmoid, post_spec.gate = gated != 0;
+      post_spec.affine = ga != 1.0f || gb != 0.0f;
       post_spec.ga = ga, post_spec.gb = gb, post_spec.lo = lo, post_spec.hi = hi;
       i = j;
       break;
@@ -1093,46 +1079,45 @@ struct Linear {
       static thread_local std::vector<Line> accv;
       if (accv.size() < (size_t)(rows * tiles * TS / 16)) accv.resize((size_t)(rows * tiles * TS / 16));
       float* acc = reinterpret_cast<float*>(accv.data());
+      const int64_t n0 = q0 * NR, nn = std::min<int64_t>(np * NR, cog - n0);
+      // Note [Register post-ops]: a tile's row is LD channels, its bias zero past nn
+      alignas(64) float bt[LD] = {};
+      korch_gemm::Post tpost = post;
+      if (post.bias) {
+        for (int64_t j = 0; j < nn; ++j) bt[j] = post.bias[g * cog + n0 + j];
+        tpost.bias = bt;
+      }
       for (int64_t kk = 0; kk < KK; kk += kcb) {
         const int64_t kc = std::min(kcb, KK - kk);
         const int64_t* ko = kt + kk;
         const auto off = [ko](int64_t k) { return ko[k]; };
-        for (int64_t oy = oy0; oy < oy1; ++oy) {
-          const float* xrow = xg + (oy - y0) * sh * Wpd;
-          for (int64_t i = 0; i < tiles; ++i) {
-            const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
-            float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+        // the rows of the band over this block of K; with_post: a std::bool_constant,
+        // so the loop without a post is the loop as it was (a test of the post inside
+        // it cost the stem conv 25% with no post: 193 -> 245 us, one Zen 4 core)
+        auto block = [&](auto with_post) {
+          for (int64_t oy = oy0; oy < oy1; ++oy) {
+            const float* xrow = xg + (oy - y0) * sh * Wpd;
+            for (int64_t i = 0; i < tiles; ++i) {
+              const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
+              float* tile = acc + ((oy - oy0) * tiles + i) * TS;
 #if defined(__AVX512F__)
-            korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0);
+              korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0);
+              if constexpr (decltype(with_post)::value) korch_gemm::post_tile16(tpost, tile, mr, LD, np);
 #else
-            korch_gemm::micro_at(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, tile, kk > 0);
+              korch_gemm::micro_at(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, tile, kk > 0);
+              if constexpr (decltype(with_post)::value) korch_gemm::post_tile(tpost, tile, mr, LD, np);
 #endif
+            }
           }
-        }
+        };
+        if (post_steps && kk + kc == KK) block(std::true_type{});
+        else block(std::false_type{});
       }
-      const int64_t n0 = q0 * NR, nn = std::min<int64_t>(np * NR, cog - n0);
       float* yg = Y + (ni * co + g * cog + n0) * HW;
-      // Note [Register post-ops]: a tile's row is LD channels, its bias zero past nn
-      alignas(64) float bt[LD] = {};
-      if (post.bias)
-        for (int64_t j = 0; j < nn; ++j) bt[j] = post.bias[g * cog + n0 + j];
       for (int64_t oy = oy0; oy < oy1; ++oy)
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
-          float* tile = acc + ((oy - oy0) * tiles + i) * TS;
-          if (post_steps)
-            for (int64_t r = 0; r < mr; ++r)
-              for (int64_t j = 0; j < LD; j += korch_gemm::wide ? 16 : 8) {
-#if defined(__AVX512F__)
-                __m512 v = _mm512_load_ps(tile + r * LD + j);
-                if (post.bias) v = _mm512_add_ps(v, _mm512_load_ps(bt + j));
-                _mm512_store_ps(tile + r * LD + j, korch_gemm::post_act16(post, v));
-#else
-                __m256 v = _mm256_load_ps(tile + r * LD + j);
-                if (post.bias) v = _mm256_add_ps(v, _mm256_load_ps(bt + j));
-                _mm256_store_ps(tile + r * LD + j, korch_gemm::post_act8(post, v));
-#endif
-              }
+          const float* tile = acc + ((oy - oy0) * tiles + i) * TS;
           for (int64_t j = 0; j < nn; ++j) {
             float* cp = yg + j * HW + oy * wo + ox0;
             for (int64_t r = 0; r < mr; ++r) cp[r] = tile[r * LD + j];
