@@ -545,3 +545,27 @@ def test_linear_attention_channel_major_structure():
     assert len(moved) == 2
     d = three_d // 3
     assert sorted(s[-2:] for s in moved) == sorted([(d + 1, hw), (d, d + 1)])
+
+
+def test_mul_over_add_const_leaves_a_shared_sum():
+    """HardSwish on ``y = conv + bias`` reads y twice (fission's y * hardsigmoid(y)).
+    Distributing hardsigmoid's 1/6 over the bias would keep the ADD for the gate and
+    fork the conv into two chains (Note [Register post-ops]): the rule must not fire,
+    and it still fires where the sum has no other reader."""
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 4, 6, 6), "float32")
+    y = b.add(Op.CONV, [x, b.const(_w(rng, 8, 4, 1, 1))], **_conv_attrs(rng))
+    y = b.binary(Op.ADD, y, b.const(_w(rng, 1, 8, 1, 1)))
+    g = b.binary(Op.ADD, b.binary(Op.MUL, y, b.scalar(1 / 6, y)), b.scalar(0.5, y))
+    g = b.binary(Op.MIN, b.binary(Op.MAX, g, b.scalar(0.0, y)), b.scalar(1.0, y))
+    b.output("y", b.binary(Op.MUL, y, g))
+    rule = RULES_BY_NAME["mul_over_add_const"]
+    assert apply_rule(b.graph, rule) is None
+    # the same sum read once: distributed
+    b2 = GraphBuilder()
+    x = b2.input("x", (1, 4, 6, 6), "float32")
+    y = b2.add(Op.CONV, [x, b2.const(_w(rng, 8, 4, 1, 1))], **_conv_attrs(rng))
+    y = b2.binary(Op.ADD, y, b2.const(_w(rng, 1, 8, 1, 1)))
+    b2.output("y", b2.binary(Op.MUL, y, b2.scalar(1 / 6, y)))
+    assert apply_rule(b2.graph, rule) is not None

@@ -203,3 +203,37 @@ def test_default_cost_fuses_elementwise_chains():
     b.output("y", y)
     assert cost(b.graph) == 2 * 400  # one fused kernel: read x, write y
     assert len(cost.kernels(b.graph)) == 1
+
+
+def test_linear_kernel_cost_fuses_its_epilogue():
+    """A candidate kernel around one Conv costs the Conv's roofline with its epilogue
+    in registers (Note [Register post-ops]): a bias and HardSwish add only the bias's
+    bytes; a residual adds its read; the whole-graph cost charges the epilogue as a
+    second kernel reading the Conv's output back."""
+    cost = ByteFlopCost(bandwidth=1.0, flops_per_s=1e30, launch=0.0)  # cost in bytes
+
+    def kernel(epilogue: str):
+        b = GraphBuilder()
+        x = b.input("x", (1, 4, 8, 8), "float32")
+        y = b.add(
+            Op.CONV,
+            [x, b.input("w", (8, 4, 1, 1), "float32")],
+            strides=(1, 1),
+            dilations=(1, 1),
+            pads=(0, 0, 0, 0),
+            group=1,
+        )
+        if epilogue != "none":
+            y = b.binary(Op.ADD, y, b.input("bias", (1, 8, 1, 1), "float32"))
+            hs = b.binary(Op.ADD, b.binary(Op.MUL, y, b.scalar(1 / 6, y)), b.scalar(0.5, y))
+            y = b.binary(Op.MUL, y, b.binary(Op.MIN, b.binary(Op.MAX, hs, b.scalar(0.0, y)), b.scalar(1.0, y)))
+        if epilogue == "residual":
+            y = b.binary(Op.ADD, y, b.input("r", (1, 8, 8, 8), "float32"))
+        b.output("y", y)
+        return b.graph
+
+    conv = 4 * (4 * 64 + 8 * 4 + 8 * 64)  # x, w, y
+    assert cost.linear_kernel(kernel("none")) == conv
+    assert cost.linear_kernel(kernel("hardswish")) == conv + 4 * 8
+    assert cost.linear_kernel(kernel("residual")) == conv + 4 * 8 + 4 * 8 * 64
+    assert cost(kernel("hardswish")) >= conv + 2 * 4 * 8 * 64

@@ -207,7 +207,8 @@ def step_profile(ctx) -> None:
 
         for w in workloads.values():
             if w.kind == KernelKind.LINEAR and w.hash not in pred and w.backends:
-                pred[w.hash] = default_cost(w.kgraph) * 1e6  # roofline, Note [Model-guided profiling]
+                # roofline, Note [Model-guided profiling]; its epilogue in registers
+                pred[w.hash] = default_cost.linear_kernel(w.kgraph) * 1e6
                 klass[w.hash] = KernelKind.LINEAR
     gs.prediction_seconds = time.perf_counter() - t0
     gs.predicted = len(pred)

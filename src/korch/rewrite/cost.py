@@ -120,5 +120,25 @@ class ByteFlopCost:
                 total += moved / self.bandwidth + self.launch
         return total
 
+    def linear_kernel(self, g: Graph) -> float:
+        """Predicted seconds of one candidate kernel built around a single linear
+        primitive, its elementwise epilogue fused (Note [Register post-ops] in
+        korch_gemm.h): the linear roofline with the kernel's outputs for its output,
+        plus every input the linear primitive does not read (a residual) once. Through
+        ``__call__``, the epilogue was a second kernel reading the linear output back,
+        so a Conv with its bias and HardSwish cost two more passes over its output than
+        the Conv alone: model-guided profiling never measured mobilenetv3_small's
+        fused candidates, and its plan ran each conv and a generated bias+HardSwish
+        kernel instead."""
+        lin = [n for n in g.nodes if n.op in GroupOp.LINEAR]
+        if len(lin) != 1 or any(n.op is Op.OPAQUE for n in g.nodes):
+            return self(g)
+        node = lin[0]
+        read = sum(_bytes(g.nodes[i]) for i in node.inputs)
+        mine = set(node.inputs)
+        extra = sum(_bytes(n) for i, n in enumerate(g.nodes) if n.op is Op.INPUT and i not in mine)
+        written = sum(_bytes(g.nodes[i]) for i in dict.fromkeys(g.outputs.values()))
+        return max(2 * _flops(g, node) / self.flops_per_s, (read + extra + written) / self.bandwidth) + self.launch
+
 
 default_cost = ByteFlopCost()

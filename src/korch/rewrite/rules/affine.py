@@ -60,6 +60,19 @@ def _distribute(b: GraphBuilder, m: Match, v: Lookup) -> int:
     return b.add(Op.ADD, [scaled, bconst(b, c1 * c2, r.shape, r.dtype)])
 
 
+def _distribute_ok(g: Graph, m: Match) -> bool:
+    """Only where ``x + c1`` has no other reader. Where it has one (HardSwish's
+    ``y * hardsigmoid(y)`` on ``y = conv + bias``), the ADD stays, a MUL and an ADD are
+    added, and ``x`` forks into two chains: the conv can no longer end in one epilogue
+    chain with its bias and activation (Note [Register post-ops] in korch_gemm.h), and
+    mobilenetv3_small's plan split every such conv from a generated bias+HardSwish
+    kernel."""
+    if not _consts_ok("c1", "c2")(g, m):
+        return False
+    inner = m.nodes["inner"]
+    return sum(inner in n.inputs for n in g.nodes) == 1 and inner not in g.outputs.values()
+
+
 # --- folding a per-channel scale into Conv / MatMul weights --------------------------------
 
 
@@ -130,10 +143,10 @@ AFFINE_RULES = (
     ),
     Rule(
         "mul_over_add_const",
-        P(Op.MUL, P(Op.ADD, X("x"), X("c1")), X("c2")),
+        P(Op.MUL, P(Op.ADD, X("x"), X("c1"), name="inner"), X("c2")),
         _distribute,
-        _consts_ok("c1", "c2"),
-        "(x + c1) * c2 = x * c2 + c1*c2",
+        _distribute_ok,
+        "(x + c1) * c2 = x * c2 + c1*c2  (x + c1 read nowhere else)",
     ),
     Rule(
         "fold_scale_into_conv",
