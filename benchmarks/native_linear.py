@@ -44,11 +44,21 @@ CASES = {
     "dwconv5x5 576ch 7x7": lambda: conv_graph((1, 576, 7, 7), (576, 1, 5, 5), (1, 1), (2, 2, 2, 2), 576),
     "dwconv3x3 88ch 28x28": lambda: conv_graph((1, 88, 28, 28), (88, 1, 3, 3), (1, 1), (1, 1, 1, 1), 88),
     "conv3x3 s2 3->16 224x224": lambda: conv_graph((1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    "conv3x3 s2 3->16 224x224 + bias": lambda: conv_graph(
+        (1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1, bias=True
+    ),
+    "conv3x3 s2 3->16 224x224 + bias + relu": lambda: conv_graph(
+        (1, 3, 224, 224), (16, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1, bias=True, relu=True
+    ),
     # its pointwise convs (Note [Pointwise convolution rows]): K = 16..576, 7x7 to 56x56
     "conv1x1 16->72 56x56 + relu": lambda: conv_graph(
         (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, relu=True
     ),
     # with oneDNN-style post-ops (Note [Register post-ops]): MobileNetV3's conv + bias + act
+    "conv1x1 16->72 56x56": lambda: conv_graph((1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 16->72 56x56 + bias": lambda: conv_graph(
+        (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
+    ),
     "conv1x1 16->72 56x56 + bias + relu": lambda: conv_graph(
         (1, 16, 56, 56), (72, 16, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True, relu=True
     ),

@@ -251,6 +251,21 @@ def test_epilogue_rows(operand, tmp_path):
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
 
 
+def _conv_bias(b, conv):
+    """x -> Conv (unit strides) -> + a per-channel bias; the value and its channels"""
+    x = b.input("x", conv["x"], "float32")
+    co = conv["w"][0]
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(*conv["w"]), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=conv["pads"],
+        group=conv["group"],
+    )
+    return b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1))), co
+
+
 @pytest.mark.parametrize(
     "conv",
     [
@@ -267,17 +282,7 @@ def test_vector_epilogue(conv, tmp_path):
     output, the unary ops) over each conv path's epilogue rows (Note [Epilogue rows]);
     the outputs against onnxruntime (1e-4)."""
     b = GraphBuilder()
-    x = b.input("x", conv["x"], "float32")
-    co = conv["w"][0]
-    y = b.add(
-        Op.CONV,
-        [x, b.const(randn(*conv["w"]), name="w")],
-        strides=(1, 1),
-        dilations=(1, 1),
-        pads=conv["pads"],
-        group=conv["group"],
-    )
-    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    y, co = _conv_bias(b, conv)
     clip = b.binary(Op.MIN, b.binary(Op.MAX, b.binary(Op.ADD, y, b.scalar(3.0, y)), b.scalar(0.0, y)), b.scalar(6.0, y))
     y = b.binary(Op.DIV, b.add(Op.MUL, [y, clip]), b.scalar(6.0, y))  # HardSwish
     b.output("hswish", y)
@@ -333,17 +338,7 @@ def test_register_post_ops(conv, act, tmp_path):
     HardSigmoid, HardSwish, Sigmoid and SiLU applied to the tile in registers; how many steps go there
     (structure), and the outputs against onnxruntime (numbers, 1e-4)."""
     b = GraphBuilder()
-    x = b.input("x", conv["x"], "float32")
-    co = conv["w"][0]
-    y = b.add(
-        Op.CONV,
-        [x, b.const(randn(*conv["w"]), name="w")],
-        strides=(1, 1),
-        dilations=(1, 1),
-        pads=conv["pads"],
-        group=conv["group"],
-    )
-    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    y, co = _conv_bias(b, conv)
     make, steps = POST_ACTS[act]
     b.output("y", make(b, y))
     kg, consts = kernel_of(b.graph)

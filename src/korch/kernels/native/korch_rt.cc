@@ -393,7 +393,7 @@ struct Linear {
 
   // Note [Register post-ops] (korch_gemm.h): how the chain's head maps onto one, if it
   // does. Bias: a tensor ADD whose operand varies only along the channel (a conv's dim
-  // 1, a matmul's last). Then scalar MUL, ADD and right SUB (the affine map), then
+  // 1). Then scalar MUL, ADD and right SUB (the affine map), then
   // MAX/MIN (the clamp), or a SIGMOID alone, all optionally between a save and a MUL by
   // the saved value (the gate), that slot read nowhere else.
   korch_gemm::Post post_spec;       // without its bias pointer (an input, known per call)
@@ -455,12 +455,11 @@ struct Linear {
     korch_gemm::Post p = post_spec;
     if (post_bias_pos >= 0) {
       const float* b = static_cast<const float*>(ptrs[post_bias_pos]);
-      const int64_t nch = co;
       if (post_bias_stride == 1) {
         p.bias = b;
       } else {
-        buf.resize((size_t)nch);
-        for (int64_t ch = 0; ch < nch; ++ch) buf[(size_t)ch] = b[ch * post_bias_stride];
+        buf.resize((size_t)co);
+        for (int64_t ch = 0; ch < co; ++ch) buf[(size_t)ch] = b[ch * post_bias_stride];
         p.bias = buf.data();
       }
     }
