@@ -1117,10 +1117,14 @@ struct Linear {
         for (int64_t i = 0; i < tiles; ++i) {
           const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
           const float* tile = acc + ((oy - oy0) * tiles + i) * TS;
+#if defined(__AVX512F__)
+          korch_gemm::store_transposed(tile, mr, LD, nn, yg + oy * wo + ox0, HW);  // Note [Transposed tile stores]
+#else
           for (int64_t j = 0; j < nn; ++j) {
             float* cp = yg + j * HW + oy * wo + ox0;
             for (int64_t r = 0; r < mr; ++r) cp[r] = tile[r * LD + j];
           }
+#endif
         }
       for (int64_t j = 0; j < nn; ++j) {
         const int64_t base = (ni * co + g * cog + n0 + j) * HW;
