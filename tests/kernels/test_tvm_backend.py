@@ -475,3 +475,22 @@ def test_window_reductions_are_not_vectorised_by_hand():
             if pind < indent and prev.strip().startswith("for "):
                 assert "T.vectorized" not in prev, prev
                 indent = pind
+
+
+@pytest.mark.parametrize("hw", [7, 14])
+def test_ragged_rows_get_full_vectors(hw):
+    # Note [Ragged rows]: a per-channel scale over 7x7 (49 a row) or 14x14 (196) pixels;
+    # 49 had no vectors at all (LLVM then gathered across rows), 196 vectors of 4
+    b = GraphBuilder()
+    x = b.input("in0", (1, 96, hw, hw), F)
+    s = b.input("in1", (1, 96, 1, 1), F)
+    b.output("out", b.binary(Op.MUL, x, s))
+    g = b.graph
+    cfg = dataclass_replace(default_tile_config(g, THREADS, 64), vector_width=16)
+    prep = prepare(g, THREADS, cfg)
+    assert prep.report.mode == "fused", prep.report
+    script = prep.func.script()
+    assert "T.vectorized(16)" in script, script
+    main = (hw * hw) // 16 * 16
+    assert f"range({main}, {hw * hw})" in script, script  # the scalar tail
+    check(g, TvmBackend().build(g, {}, THREADS, tile_config=cfg))

@@ -74,8 +74,9 @@ def _from_dlpack(a: np.ndarray):
 _HOST: dict[int, Any] = {}
 
 # Bumped when the generated code changes, so that kernels measured before are measured
-# again (their version is part of a measurement's key). 2: Note [Coalesced axes].
-GENERATOR_REVISION = 2
+# again (their version is part of a measurement's key). 2: Note [Coalesced axes]; 3: Note
+# [Ragged rows] (schedule.py).
+GENERATOR_REVISION = 3
 
 
 def host_target(num_threads: int):
