@@ -2,7 +2,7 @@
 
 A CPU with AVX-512 builds the runtime's wide tiles, so the 6x16 AVX2 tile, which an
 AVX2-only machine runs, would go untested there. This runs the native linear kernel
-tests again in a subprocess whose compiler adds ``-mno-avx512f`` (a separate build
+and pooling tests again in a subprocess whose compiler adds ``-mno-avx512f`` (a separate build
 cache: the cache key holds what ``-march=native`` means to that compiler)."""
 
 from __future__ import annotations
@@ -33,7 +33,17 @@ def test_avx2_tiles_on_an_avx512_cpu(tmp_path):
     cxx.chmod(0o755)
     env = dict(os.environ, CXX=str(cxx), KORCH_NATIVE_CACHE=str(tmp_path / "cache"))
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(HERE / "test_native_linear.py")],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            str(HERE / "test_native_linear.py"),
+            str(HERE / "test_native_pool.py"),
+        ],
         env=env,
         capture_output=True,
         text=True,

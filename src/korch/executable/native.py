@@ -25,14 +25,13 @@ _INTO = types.SimpleNamespace(run_into=True)  # plan_arena: a step writing given
 
 def native_kind(step: Step) -> str | None:
     """ "tvm" or "linear" when the step can join a segment, else None."""
-    from korch.kernels.native.linear import NativeLinearKernel
-    from korch.kernels.native.topk import NativeTopKKernel
+    from korch.kernels.native.rtkernel import RuntimeKernel
     from korch.kernels.tvm.backend import TvmKernel
 
     k = step.kernel
     if isinstance(k, TvmKernel) and k.prim_func is not None:
         return "tvm"
-    if isinstance(k, (NativeLinearKernel, NativeTopKKernel)):
+    if isinstance(k, RuntimeKernel):  # linear, TopK, pooling
         return "linear"  # a kernel of korch's runtime (korch_linear_create)
     return None
 

@@ -92,8 +92,10 @@ class Backend(abc.ABC):
         """Compile. ``consts`` maps each ``in{i}_c`` input name to its value."""
 
     def build_many(
-        self, items: Sequence[tuple[Graph, dict[str, np.ndarray]]], num_threads: int
+        self, items: Sequence[tuple[Graph, dict[str, np.ndarray]]], num_threads: int, tile_configs=None
     ) -> list[CompiledKernel | Exception]:
+        # tile_configs: a generator's (TVM's); a kernel of a workload TVM also takes (a
+        # pooling the native backend runs, say) comes with one, which a library ignores
         out: list[CompiledKernel | Exception] = []
         for kgraph, consts in items:
             try:

@@ -204,12 +204,13 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    kinds = frozenset({"linear", "opaque"})  # opaque: TopK (topk.py)
+    kinds = frozenset({"linear", "opaque", "memory"})  # opaque: TopK (topk.py); memory: pooling (pool.py)
 
     def supports(self, kgraph: Graph) -> bool:
+        from korch.kernels.native.pool import pool_spec
         from korch.kernels.native.topk import topk_spec
 
-        if topk_spec(kgraph) is not None:
+        if topk_spec(kgraph) is not None or pool_spec(kgraph) is not None:
             return True
         plan = plan_of(kgraph)
         if plan is None:
@@ -221,6 +222,7 @@ class NativeBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
+        from korch.kernels.native.pool import build_pool, pool_spec
         from korch.kernels.native.topk import build_topk, topk_spec
 
         spec = topk_spec(kgraph)
@@ -228,6 +230,11 @@ class NativeBackend(Backend):
             topk = build_topk(kgraph, spec, consts)
             topk.set_threads(num_threads)
             return topk
+        pspec = pool_spec(kgraph)
+        if pspec is not None:
+            pool = build_pool(kgraph, pspec)
+            pool.set_threads(num_threads)
+            return pool
         plan = plan_of(kgraph)
         if plan is None:
             raise ValueError("native backend: not a MATMUL/CONV with an elementwise epilogue")
@@ -242,6 +249,12 @@ class NativeBackend(Backend):
             topk = load_topk(meta)
             topk.set_threads(num_threads)
             return topk
+        if meta.get("op") == "pool":
+            from korch.kernels.native.pool import load_pool
+
+            pool = load_pool(meta)
+            pool.set_threads(num_threads)
+            return pool
         plan, consts = load_consts(meta, directory)
         k = NativeLinearKernel(plan, consts, [tuple(s) for s in meta["input_shapes"]])
         k.set_threads(num_threads)
