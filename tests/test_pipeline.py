@@ -199,6 +199,10 @@ def test_runtime_threads_chosen_saved_and_followed(compiled):
     model, out = compiled("mlp")
     r = model.report
     assert r["runtime_threads"] in (1, 2)
+    native_only = all(st.backend == "native-segment" for st in model.executable.steps)
+    if native_only:  # one pool: all threads, untimed
+        assert r["runtime_threads"] == 2 and r["threads_check"] == "skipped: native segments only"
+        return
     assert set(r["threads_ms"]) == {"1", "2"} and all(v > 0 for v in r["threads_ms"].values())
     # one thread only when it wins by round-relative time (Note [Timing in blocks]), by
     # median and in most rounds (korch.selection.beats)
@@ -524,6 +528,37 @@ def test_thread_check_is_skipped_for_long_calls(monkeypatch):
     P.step_threads(ctx)
     assert ctx.report["runtime_threads"] == 2 and ctx.report["threads_check"].startswith("skipped")
     assert calls == [2] and ctx.executable.threads == 2
+
+
+def test_threads_not_timed_for_native_segments_only():
+    # Note [Runtime threads]: korch's one pool runs everything; the check is skipped
+    import types
+
+    import korch.pipeline as P
+    from korch.executable import TensorSpec
+
+    calls: list[int] = []
+
+    class NativeOnly:
+        inputs = {"x": TensorSpec(0, (2,), "float32")}
+        steps = [types.SimpleNamespace(backend="native-segment")] * 2
+        threads = 0
+
+        def set_threads(self, n):
+            self.threads = n
+
+        def __call__(self, feeds):
+            calls.append(self.threads)
+            return {}
+
+    ctx = types.SimpleNamespace(executable=NativeOnly(), settings=Settings(num_threads=2), report={})
+    P.step_threads(ctx)
+    assert ctx.report == {"runtime_threads": 2, "threads_check": "skipped: native segments only"}
+    assert calls == [] and ctx.executable.threads == 2
+    # a step outside the segments: timed as before
+    ctx.executable.steps = [types.SimpleNamespace(backend="native-segment"), types.SimpleNamespace(backend="ort")]
+    P.step_threads(ctx)
+    assert "threads_ms" in ctx.report and calls
 
 
 def test_lean_check_keeps_a_one_kernel_plan_unless_clearly_beaten():

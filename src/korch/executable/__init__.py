@@ -318,8 +318,9 @@ class Executable:
         therefore measured after build (``korch.pipeline.step_threads``), and the
         choice is saved in plan.json; every kernel follows it through
         ``CompiledKernel.set_threads``. One thread is kept only when it wins by every
-        measure (``korch.selection.beats``), and an executable whose call takes over
-        ``THREADS_CHECK_MAX_MS`` keeps all threads untimed."""
+        measure (``korch.selection.beats``); an executable whose call takes over
+        ``THREADS_CHECK_MAX_MS``, or that is native segments only (one pool), keeps
+        all threads untimed."""
         n = max(1, int(num_threads))
         for st in self.steps:
             st.kernel.set_threads(n)  # type: ignore[union-attr]
