@@ -17,6 +17,11 @@
 
 namespace korch_gemm {
 
+// Note [Forced inlining]: the micro kernels, their stores and the post-ops are inlined
+// always, not as GCC's unit-growth limits allow: adding the pooling code to korch_rt.cc
+// (another few templates in the unit) left the pointwise tile's store with a post out
+// of line, and a bias alone took the 1x1 16 -> 72 on 56 x 56 from 81 to 130 us.
+#define KORCH_INLINE inline __attribute__((always_inline))
 constexpr int64_t MR = 6, NR = 16, KC = 256, MC = 96;
 
 inline int64_t packed_size(int64_t K, int64_t N) { return (N + NR - 1) / NR * K * NR; }
@@ -64,7 +69,7 @@ struct Post {
 };
 
 // the activation part of a Post on one value (the bias already added)
-inline float post_act1(const Post& p, float y) {
+KORCH_INLINE float post_act1(const Post& p, float y) {
   float g;
   if (p.clamp) g = std::min(std::max(y * p.ga + p.gb, p.lo), p.hi);
   else if (p.sigmoid) g = 1.0f / (1.0f + std::exp(-y));
@@ -76,7 +81,7 @@ inline float post_act1(const Post& p, float y) {
 constexpr bool available = true;
 
 // Note [Vector transcendentals] in korch_rt.cc: Cephes exp, eight lanes
-inline __m256 exp8(__m256 x) {
+KORCH_INLINE __m256 exp8(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.72283935546875f), lo = _mm256_set1_ps(-87.33654022216797f);
   const __m256 xc = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
   const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
@@ -95,7 +100,7 @@ inline __m256 exp8(__m256 x) {
 }
 
 // the activation part of a Post on eight lanes (the bias already added)
-inline __m256 post_act8(const Post& p, __m256 y) {
+KORCH_INLINE __m256 post_act8(const Post& p, __m256 y) {
   __m256 g;
   if (p.clamp) {
     g = p.affine ? _mm256_add_ps(_mm256_mul_ps(y, _mm256_set1_ps(p.ga)), _mm256_set1_ps(p.gb)) : y;
@@ -109,7 +114,7 @@ inline __m256 post_act8(const Post& p, __m256 y) {
   return p.gate ? _mm256_mul_ps(y, g) : g;
 }
 #if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {  // exp8 on sixteen lanes
+KORCH_INLINE __m512 exp16(__m512 x) {  // exp8 on sixteen lanes
   const __m512 hi = _mm512_set1_ps(88.72283935546875f), lo = _mm512_set1_ps(-87.33654022216797f);
   const __m512 xc = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
   const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
@@ -128,7 +133,7 @@ inline __m512 exp16(__m512 x) {  // exp8 on sixteen lanes
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
 }
 
-inline __m512 post_act16(const Post& p, __m512 y) {
+KORCH_INLINE __m512 post_act16(const Post& p, __m512 y) {
   __m512 g;
   if (p.clamp) {
     g = p.affine ? _mm512_add_ps(_mm512_mul_ps(y, _mm512_set1_ps(p.ga)), _mm512_set1_ps(p.gb)) : y;
@@ -148,7 +153,7 @@ inline __m512 post_act16(const Post& p, __m512 y) {
 // micro kernels' own stores instead, the pointer and its branch cost the kernels with
 // no post at all: the stem conv's 24-accumulator tile 40% (190 -> 267 us), the
 // pointwise 1x1 16 -> 72 on 56 x 56 16% (83 -> 97 us). So they stay out of them.
-inline void post_tile(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
+KORCH_INLINE void post_tile(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
   for (int64_t r = 0; r < mr; ++r)
     for (int64_t j = 0; j < panels * NR; j += 8) {
       __m256 v = _mm256_load_ps(tile + r * ld + j);
@@ -160,7 +165,7 @@ inline void post_tile(const Post& post, float* tile, int64_t mr, int64_t ld, int
 // post_tile on sixteen lanes. Two functions, not one choosing its lanes inside: with
 // one, GCC compiled the direct conv's loop *without* a post 25% slower (the stem,
 // 193 -> 240 us, one Zen 4 core), though the post is a template choice there.
-inline void post_tile16(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
+KORCH_INLINE void post_tile16(const Post& post, float* tile, int64_t mr, int64_t ld, int panels) {
   for (int64_t r = 0; r < mr; ++r)
     for (int64_t j = 0; j < panels * NR; j += 16) {
       __m512 v = _mm512_load_ps(tile + r * ld + j);
@@ -174,7 +179,7 @@ inline void post_tile16(const Post& post, float* tile, int64_t mr, int64_t ld, i
 // to what tmp holds (a tile summed over blocks of K). R (1..6) is a constant, so a
 // tail tile computes only its own rows.
 template <int R, int S, class Off>
-inline void micro_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, float* tmp, bool acc) {
+KORCH_INLINE void micro_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, float* tmp, bool acc) {
   const int64_t ars = S ? S : ars_;  // S: the row stride as a constant (1: a convolution's unit stride)
   // named accumulators, not an array: GCC kept a __m256 c[R][2] on the stack, a store
   // per FMA pair (2.2x slower); tmp is added at the end, not loaded as initial values
@@ -214,7 +219,7 @@ inline void micro_rows(int64_t kc, const float* A, int64_t ars_, Off off, const 
       c51 = _mm256_fmadd_ps(a, b1, c51);
     }
   }
-  auto store = [&](int i, __m256 v0, __m256 v1) {
+  auto store = [&](int i, __m256 v0, __m256 v1) __attribute__((always_inline)) {
     if (acc) {
       v0 = _mm256_add_ps(v0, _mm256_load_ps(tmp + i * NR));
       v1 = _mm256_add_ps(v1, _mm256_load_ps(tmp + i * NR + 8));
@@ -276,7 +281,7 @@ constexpr bool wide = true;
 constexpr int64_t WR = 12, WN = 32;
 
 template <int R, int P, int S, class Off>
-inline void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, int64_t pstride,
+KORCH_INLINE void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, int64_t pstride,
                             float* tmp, bool acc) {
   const int64_t ars = S ? S : ars_;
   const __m512 z = _mm512_setzero_ps();
@@ -298,7 +303,7 @@ inline void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off off, c
     KORCH_WROW(6) KORCH_WROW(7) KORCH_WROW(8) KORCH_WROW(9) KORCH_WROW(10) KORCH_WROW(11)
 #undef KORCH_WROW
   }
-  auto store = [&](int i, __m512 v0, __m512 v1) {
+  auto store = [&](int i, __m512 v0, __m512 v1) __attribute__((always_inline)) {
     float* t = tmp + i * WN;
     if (acc) {
       v0 = _mm512_add_ps(v0, _mm512_load_ps(t));
@@ -339,7 +344,7 @@ inline void micro_wide(int64_t kc, const float* A, int64_t ars, Off off, int64_t
   return micro_wide_p<1, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc);
 }
 // a 16 x 16 transpose in registers: r[i] (row i) becomes column i
-inline void transpose16(__m512* r) {
+KORCH_INLINE void transpose16(__m512* r) {
   __m512 t[16];
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
@@ -486,7 +491,7 @@ inline void pack_a(const float* A, int64_t M, int64_t K, int64_t ars, int64_t ac
 // C(R x NR) = Ap(R rows of a packed panel, kc) @ B(kc, NR), plus what C holds when acc:
 // B(k, j) = B[k * ldb + j] read in place (unaligned), C(i, j) = C[i * ldc + j]
 template <int R, bool POST = false>
-inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
+KORCH_INLINE void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
                           const Post* post = nullptr) {
   const __m256 z = _mm256_setzero_ps();
   __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
@@ -502,7 +507,7 @@ inline void micro_a_panel(int64_t kc, const float* Ap, const float* B, int64_t l
     KORCH_ROW(0) KORCH_ROW(1) KORCH_ROW(2) KORCH_ROW(3) KORCH_ROW(4) KORCH_ROW(5)
 #undef KORCH_ROW
   }
-  auto store = [&](int i, __m256 v0, __m256 v1) {
+  auto store = [&](int i, __m256 v0, __m256 v1) __attribute__((always_inline)) {
     float* c = C + i * ldc;
     if (acc) {
       v0 = _mm256_add_ps(v0, _mm256_loadu_ps(c));
@@ -555,7 +560,7 @@ inline void micro_a(int64_t mr, int64_t kc, const float* Ap, const float* B, int
 // last vector masked (no padded copy: a masked load does not touch the lanes it
 // leaves out); 24 accumulators at R = 6, V = 4
 template <int R, int V, bool POST>
-inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
+KORCH_INLINE void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t ldb, float* C, int64_t ldc, bool acc,
                             __mmask16 last, const Post* post) {
   const __m512 z = _mm512_setzero_ps();
 #define KORCH_PDECL(i) __m512 c##i##0 = z, c##i##1 = z, c##i##2 = z, c##i##3 = z;
@@ -580,7 +585,7 @@ inline void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, int64_t
     KORCH_PROW(0) KORCH_PROW(1) KORCH_PROW(2) KORCH_PROW(3) KORCH_PROW(4) KORCH_PROW(5)
 #undef KORCH_PROW
   }
-  auto store = [&](int i, int v, __m512 val) {
+  auto store = [&](int i, int v, __m512 val) __attribute__((always_inline)) {
     float* c = C + i * ldc + v * 16;
     const __mmask16 m = v == V - 1 ? last : full;
     if (acc) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, c));
