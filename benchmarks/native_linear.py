@@ -85,6 +85,10 @@ CASES = {
         (1, 368, 7, 7), (368, 8, 3, 3), (1, 1), (1, 1, 1, 1), 46, relu=True
     ),
     "conv3x3 s2 3->32 224x224": lambda: conv_graph((1, 3, 224, 224), (32, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    # resnet18's stem (Note [Transposed tile stores])
+    "conv7x7 s2 3->64 224x224 + bias": lambda: conv_graph(
+        (1, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), 1, bias=True
+    ),
     "conv1x1 320->1280 7x7": lambda: conv_graph((1, 320, 7, 7), (1280, 320, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 1152->192 7x7": lambda: conv_graph((1, 1152, 7, 7), (192, 1152, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 160->640 14x14 + bias": lambda: conv_graph(
