@@ -65,6 +65,9 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 32, 11, 50), w_shape=(32, 8, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=4, relu=True),
         # a stem: 3 channels in, one panel out, padded band by band inside the tasks
         dict(x_shape=(1, 3, 40, 50), w_shape=(16, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, bias=True),
+        # regnety's 7x7 stage: 8 channels a group, one band a group, padded inside each
+        # group's task (two images)
+        dict(x_shape=(2, 48, 7, 7), w_shape=(48, 8, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=6, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -85,6 +88,7 @@ def test_matmul_split(case, tmp_path):
         "direct_panels_and_k_blocks",
         "direct_grouped_wide_rows",
         "direct_stem_band_padding",
+        "grouped_band_padding",
     ],
 )
 def test_conv_split(case, tmp_path):

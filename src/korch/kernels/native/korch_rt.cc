@@ -1127,7 +1127,7 @@ struct Linear {
     // one task per band (a stem conv: few channels out, a large input): each task pads
     // its band's rows itself, where it reads them, instead of one padded copy of the
     // whole input written and read back through memory
-    const bool band_pad = pad && pgroups == 1 && bands > 1;
+    const bool band_pad = pad && pgroups == 1 && (bands > 1 || group > 1);
     const int64_t BH = band_pad ? (rows - 1) * sh + (kh - 1) * dh + 1 : Hp;
     const float* Xp = X;
     static thread_local std::vector<float> padded;
@@ -1164,17 +1164,20 @@ struct Linear {
       if (band_pad) {
         static thread_local std::vector<float> band_rows;
         band_rows.resize((size_t)(cig * BH * Wpd));
+        // plain loops, not memset/memcpy: a grouped conv's rows are a few floats
+        // (regnety's 7x7 stage: 3,300 libc calls a conv)
         for (int64_t ci = 0; ci < cig; ++ci)
           for (int64_t r = 0; r < BH; ++r) {
-            float* d = band_rows.data() + (ci * BH + r) * Wpd;
+            float* __restrict d = band_rows.data() + (ci * BH + r) * Wpd;
             const int64_t iy = oy0 * sh + r - pt;
             if (iy < 0 || iy >= h) {
-              std::memset(d, 0, sizeof(float) * Wpd);
+              for (int64_t x = 0; x < Wpd; ++x) d[x] = 0.0f;
               continue;
             }
-            std::memset(d, 0, sizeof(float) * pl);
-            std::memcpy(d + pl, X + ((ni * c + g * cig + ci) * h + iy) * w, sizeof(float) * w);
-            std::memset(d + pl + w, 0, sizeof(float) * (Wpd - pl - w));
+            const float* __restrict src = X + ((ni * c + g * cig + ci) * h + iy) * w;
+            for (int64_t x = 0; x < pl; ++x) d[x] = 0.0f;
+            for (int64_t x = 0; x < w; ++x) d[pl + x] = src[x];
+            for (int64_t x = pl + w; x < Wpd; ++x) d[x] = 0.0f;
           }
         xg = band_rows.data(), y0 = oy0;
       }
