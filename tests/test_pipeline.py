@@ -502,29 +502,37 @@ def test_a_plan_replaces_the_one_kernel_baseline_only_when_faster_by_every_measu
     assert _keep({"one region": t(0.95, 9.5, [9.0] * 10), MODEL_PLAN: t(1.0, 10.0, base)}) == "one region"
 
 
+class _FakeExecutable:
+    """What step_threads needs of an executable; ``calls`` records each call's thread count."""
+
+    def __init__(self, steps=None):
+        from korch.executable import TensorSpec
+
+        self.inputs = {"x": TensorSpec(0, (2,), "float32")}
+        if steps is not None:
+            self.steps = steps
+        self.threads = 0
+        self.calls: list[int] = []
+
+    def set_threads(self, n):
+        self.threads = n
+
+    def __call__(self, feeds):
+        self.calls.append(self.threads)
+        return {}
+
+
 def test_thread_check_is_skipped_for_long_calls(monkeypatch):
     """Note [Runtime threads]: an executable whose call takes longer than
     THREADS_CHECK_MAX_MS keeps num_threads untimed."""
     import types
 
     import korch.pipeline as P
-    from korch.executable import TensorSpec
 
-    calls: list[int] = []
-
-    class Slow:
-        inputs = {"x": TensorSpec(0, (2,), "float32")}
-        threads = 0
-
-        def set_threads(self, n):
-            self.threads = n
-
-        def __call__(self, feeds):
-            calls.append(self.threads)
-            return {}
-
+    slow = _FakeExecutable()
+    calls = slow.calls
     monkeypatch.setattr(P, "THREADS_CHECK_MAX_MS", -1.0)  # every call counts as long
-    ctx = types.SimpleNamespace(executable=Slow(), settings=Settings(num_threads=2), report={})
+    ctx = types.SimpleNamespace(executable=slow, settings=Settings(num_threads=2), report={})
     P.step_threads(ctx)
     assert ctx.report["runtime_threads"] == 2 and ctx.report["threads_check"].startswith("skipped")
     assert calls == [2] and ctx.executable.threads == 2
@@ -535,23 +543,10 @@ def test_threads_not_timed_for_native_segments_only():
     import types
 
     import korch.pipeline as P
-    from korch.executable import TensorSpec
 
-    calls: list[int] = []
-
-    class NativeOnly:
-        inputs = {"x": TensorSpec(0, (2,), "float32")}
-        steps = [types.SimpleNamespace(backend="native-segment")] * 2
-        threads = 0
-
-        def set_threads(self, n):
-            self.threads = n
-
-        def __call__(self, feeds):
-            calls.append(self.threads)
-            return {}
-
-    ctx = types.SimpleNamespace(executable=NativeOnly(), settings=Settings(num_threads=2), report={})
+    native_only = _FakeExecutable(steps=[types.SimpleNamespace(backend="native-segment")] * 2)
+    calls = native_only.calls
+    ctx = types.SimpleNamespace(executable=native_only, settings=Settings(num_threads=2), report={})
     P.step_threads(ctx)
     assert ctx.report == {"runtime_threads": 2, "threads_check": "skipped: native segments only"}
     assert calls == [] and ctx.executable.threads == 2
