@@ -119,11 +119,35 @@ CONV_CASES = [
         x_shape=(1, 8, 10, 10), w_shape=(8, 1, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=8, bias=True, relu=True
     ),
     dict(x_shape=(1, 4, 7, 7), w_shape=(5, 4, 1, 1), strides=(2, 2), pads=(0, 0, 0, 0), group=1, bias=True),
+    # sixteen channels a block at unit stride (AVX-512): a block of 4 past 16, short rows (14
+    # wide: the flat transpose), two images; and rows of 40 (transposed row by row, a
+    # masked tail), 3x3
+    dict(
+        x_shape=(2, 20, 14, 14),
+        w_shape=(20, 1, 5, 5),
+        strides=(1, 1),
+        pads=(2, 2, 2, 2),
+        group=20,
+        bias=True,
+        relu=True,
+    ),
+    dict(x_shape=(1, 33, 40, 40), w_shape=(33, 1, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=33, bias=True),
 ]
 
 
 @pytest.mark.parametrize("backend", ["ort", "native"] + (["torch"] if HAVE_TORCH else []))
-@pytest.mark.parametrize("case", CONV_CASES, ids=["3x3", "grouped_strided_asym", "depthwise_bias_relu", "1x1_bias"])
+@pytest.mark.parametrize(
+    "case",
+    CONV_CASES,
+    ids=[
+        "3x3",
+        "grouped_strided_asym",
+        "depthwise_bias_relu",
+        "1x1_bias",
+        "depthwise16_short_rows",
+        "depthwise16_long_rows",
+    ],
+)
 def test_conv(backend, case, tmp_path):
     kg, consts = kernel_of(conv_graph(**case))
     run_and_compare(backend, kg, consts, feeds_for(kg, consts), tmp_path)
