@@ -318,6 +318,20 @@ POST_ACTS = {
     "hardswish": (lambda b, y: b.add(Op.MUL, [y, _hard_sigmoid(b, y)]), 7),
     "sigmoid": (lambda b, y: b.unary(Op.SIGMOID, y), 2),
     "silu": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)]), 4),
+    # GELU as exporters write it, x * 0.5 * (1 + erf(x / sqrt 2)): bias, save, div, erf,
+    # add, the gate and the 0.5 all in registers; erf alone over an affine map
+    "gelu": (
+        lambda b, y: b.binary(
+            Op.MUL,
+            b.add(
+                Op.MUL,
+                [y, b.binary(Op.ADD, b.unary(Op.ERF, b.binary(Op.DIV, y, b.scalar(2.0**0.5, y))), b.scalar(1.0, y))],
+            ),
+            b.scalar(0.5, y),
+        ),
+        7,
+    ),
+    "erf": (lambda b, y: b.unary(Op.ERF, b.binary(Op.DIV, y, b.scalar(3.0, y))), 3),
     # a gate over a tanh, which the registers do not take: only the bias goes there
     "tanh_gate": (lambda b, y: b.add(Op.MUL, [y, b.unary(Op.TANH, y)]), 1),
     # a tail the registers do not take: it runs over rows after them
@@ -339,7 +353,7 @@ POST_ACTS = {
 )
 def test_register_post_ops(conv, act, tmp_path):
     """Note [Register post-ops]: a per-channel bias and fission's ReLU, ReLU6,
-    HardSigmoid, HardSwish, Sigmoid and SiLU applied to the tile in registers; how many steps go there
+    HardSigmoid, HardSwish, Sigmoid, SiLU and GELU (erf) applied to the tile in registers; how many steps go there
     (structure), and the outputs against onnxruntime (numbers, 1e-4)."""
     b = GraphBuilder()
     y, co = _conv_bias(b, conv)

@@ -301,19 +301,7 @@ inline __m256 tanh8(__m256 x) {
   return _mm256_div_ps(_mm256_mul_ps(x, p), q);
 }
 
-inline __m256 erf8(__m256 x) {
-  const __m256 c = _mm256_set1_ps(4.0f);
-  x = _mm256_max_ps(_mm256_min_ps(x, c), _mm256_sub_ps(_mm256_setzero_ps(), c));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
-  for (float k : {2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f, -7.34990630326855e-04f,
-                  -2.95459980854025e-03f, -1.60960333262415e-02f})
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(k));
-  __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
-  for (float k : {-2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f, -1.42647390514189e-02f})
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(k));
-  return _mm256_div_ps(_mm256_mul_ps(x, p), q);
-}
+using korch_gemm::erf8;
 
 // v[0, n) through op eight at a time; returns how many it did (the rest is scalar)
 inline int64_t unary8(int64_t op, float* __restrict v, int64_t n) {
@@ -419,20 +407,33 @@ struct Linear {
         if (j >= epi.size() || epi[j].kind != 4) continue;
         slot = epi[j++].pos;
       }
-      float ga = 1.0f, gb = 0.0f, lo = -INFINITY, hi = INFINITY;
-      bool clamp = false, sigmoid = false;
+      float ga = 1.0f, gb = 0.0f, lo = -INFINITY, hi = INFINITY, ea = 1.0f, eb = 0.0f, os = 1.0f;
+      bool clamp = false, sigmoid = false, erf = false;
       if (j < epi.size() && epi[j].kind == 0 && epi[j].op == SIGMOID) sigmoid = true, ++j;
       for (; !sigmoid && j < epi.size() && epi[j].kind == 1; ++j) {
         const Step& st = epi[j];
         const float v = st.scalar;
         if (!clamp && st.op == MUL) ga *= v, gb *= v;
+        else if (!clamp && st.op == DIV && st.left && v != 0.0f) ga /= v, gb /= v;
         else if (!clamp && st.op == ADD) gb += v;
         else if (!clamp && st.op == SUB && st.left) gb -= v;
         else if (st.op == MAX) lo = std::max(lo, v), hi = std::max(hi, v), clamp = true;
         else if (st.op == MIN) lo = std::min(lo, v), hi = std::min(hi, v), clamp = true;
         else break;
       }
-      if (!clamp && !sigmoid) continue;  // an affine map alone is left to the rows
+      // GELU's erf form (Note [Register post-ops]): erf of the affine map, then another
+      if (!sigmoid && !clamp && j < epi.size() && epi[j].kind == 0 && epi[j].op == ERF) {
+        erf = true, ++j;
+        for (; j < epi.size() && epi[j].kind == 1; ++j) {
+          const Step& st = epi[j];
+          const float v = st.scalar;
+          if (st.op == MUL) ea *= v, eb *= v;
+          else if (st.op == ADD) eb += v;
+          else if (st.op == SUB && st.left) eb -= v;
+          else break;
+        }
+      }
+      if (!clamp && !sigmoid && !erf) continue;  // an affine map alone is left to the rows
       if (gated) {
         if (j >= epi.size() || epi[j].kind != 5 || epi[j].op != MUL || epi[j].pos != slot) continue;
         bool read_again = false;
@@ -441,7 +442,10 @@ struct Linear {
         if (read_again) continue;
         ++j;
       }
+      if (erf)  // GELU's 0.5 after the product
+        for (; j < epi.size() && epi[j].kind == 1 && epi[j].op == MUL; ++j) os *= epi[j].scalar;
       post_spec.clamp = clamp, post_spec.sigmoid = sigmoid, post_spec.gate = gated != 0;
+      post_spec.erf = erf, post_spec.ea = ea, post_spec.eb = eb, post_spec.os = os, post_spec.scaled = os != 1.0f;
       post_spec.affine = ga != 1.0f || gb != 0.0f;
       post_spec.ga = ga, post_spec.gb = gb, post_spec.lo = lo, post_spec.hi = hi;
       i = j;
