@@ -363,3 +363,34 @@ def test_register_post_ops(conv, act, tmp_path):
     assert plan_of(kg) is not None
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.post_steps == steps
+
+
+def _avx512() -> bool:
+    """Whether this runtime was built with its AVX-512 paths (test_native_avx2_path runs
+    these tests again with them off)."""
+    from korch.kernels.native.toolchain import runtime
+
+    return runtime().korch_wide_tiles() == 1
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "silu", "gelu", "tanh_gate"])
+@pytest.mark.parametrize(
+    "shapes",
+    [((1, 64, 128), (128, 96)), ((2, 30, 40), (40, 40)), ((16, 300), (300, 72))],
+    ids=["panel_pairs", "ragged_columns", "k_over_one_block"],
+)
+def test_matmul_register_post_ops(shapes, act, tmp_path):
+    """Note [Register post-ops] on the packed AVX-512 GEMM: the bias along the last
+    dimension and the activation applied to the tile (numbers against onnxruntime, 1e-4;
+    structure: the steps in registers, none where the runtime has no AVX-512)."""
+    a_shape, b_shape = shapes
+    b = GraphBuilder()
+    x = b.input("a", a_shape, "float32")
+    y = b.add(Op.MATMUL, [x, b.const(randn(*b_shape), name="w")])
+    y = b.binary(Op.ADD, y, b.const(randn(b_shape[-1]), name="bias"))
+    make, steps = POST_ACTS[act]
+    b.output("y", make(b, y))
+    kg, consts = kernel_of(b.graph)
+    assert plan_of(kg) is not None
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.post_steps == (steps if _avx512() else 0)

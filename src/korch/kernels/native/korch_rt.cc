@@ -389,15 +389,22 @@ struct Linear {
   size_t post_steps = 0;            // epilogue steps it does; 0: none
 
   void plan_post() {
-    // convolutions only: the matmul paths do not apply one yet
-    const int64_t D = (int64_t)oshape.size(), chan = 1;
-    if (op != 1 || D < 2) return;
+    // convolutions (channels: dim 1), and a MatMul through the packed AVX-512 GEMM
+    // (channels: the last dim); the other matmul paths do not apply one
+    const int64_t D = (int64_t)oshape.size();
+    if (D < 2) return;
+    if (op == 0 && !(korch_gemm::wide && packed_matmul())) return;
+    const int64_t chan = op == 0 ? D - 1 : 1;
     size_t i = 0;
     if (i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD) {
       bool ok = true;
       for (int64_t d = 0; d < D; ++d)
         if (d != chan && epi[i].strides[(size_t)d] != 0 && oshape[(size_t)d] != 1) ok = false;
       if (ok) post_bias_pos = epi[i].pos, post_bias_stride = epi[i].strides[(size_t)chan], ++i;
+    }
+    if (op == 0 && post_bias_pos >= 0 && post_bias_stride != 1) {  // post_for copies conv channels only
+      post_bias_pos = -1;
+      return;
     }
     // the activation, with the gate (a save first) and without
     for (int gated = 1; gated >= 0; --gated) {
@@ -713,6 +720,16 @@ struct Linear {
     const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
     const bool rows = M >= 4 * korch_gemm::MR * parts || panels < parts;
     const int64_t tasks = batch * parts;
+    // Note [Register post-ops]: its bias zero padded to whole pairs of panels
+    std::vector<float> bias_buf;
+    korch_gemm::Post post = post_for(ptrs, bias_buf);
+    std::vector<float> bias_pad;
+    if (post_steps && post.bias) {
+      bias_pad.assign((size_t)((panels + 1) * korch_gemm::NR), 0.0f);
+      std::memcpy(bias_pad.data(), post.bias, sizeof(float) * (size_t)N);
+      post.bias = bias_pad.data();
+    }
+    const korch_gemm::Post* pp = post_steps ? &post : nullptr;
     parallel_for(tasks, T, [&](int64_t t) {
       const int64_t bi = t / parts, p = t % parts;
       const float* Ab = A + aoff[bi];
@@ -720,14 +737,15 @@ struct Linear {
       if (rows) {
         const int64_t m0 = M * p / parts, m1 = M * (p + 1) / parts;
         if (m1 <= m0) return;
-        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, m0, m1, 0, panels);
-        epilogue(C, ptrs, bi * M * N + m0 * N, bi * M * N + m1 * N);
+        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, m0, m1, 0, panels, pp);
+        epilogue(C, ptrs, bi * M * N + m0 * N, bi * M * N + m1 * N, post_steps);
       } else {
         const int64_t q0 = panels * p / parts, q1 = panels * (p + 1) / parts;
         if (q1 <= q0) return;
-        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, 0, M, q0, q1);
+        korch_gemm::gemm(N, K, Ab, K, 1, Bp, Cb, N, 1, 0, M, q0, q1, pp);
         const int64_t n0 = q0 * korch_gemm::NR, n1 = std::min(N, q1 * korch_gemm::NR);
-        for (int64_t r = 0; r < M; ++r) epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1);
+        for (int64_t r = 0; r < M; ++r)
+          epilogue(C, ptrs, bi * M * N + r * N + n0, bi * M * N + r * N + n1, post_steps);
       }
     });
     return 0;
@@ -1681,6 +1699,8 @@ void korch_set_threads(int n) {
 }
 
 int korch_get_threads() { return threads(); }
+
+int korch_wide_tiles() { return korch_gemm::wide ? 1 : 0; }
 
 void* korch_aligned_alloc(int64_t nbytes) {
   const int64_t size = (std::max<int64_t>(nbytes, 1) + 63) / 64 * 64;

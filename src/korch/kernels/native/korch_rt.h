@@ -21,6 +21,8 @@ int64_t korch_linear_post_steps(void* handle);
 
 void korch_set_threads(int n);
 int korch_get_threads();
+// 1 where this build has the AVX-512 tiles (Note [Wide tiles] in korch_gemm.h)
+int korch_wide_tiles();
 const char* korch_last_error();
 void korch_set_error(const char* msg);
 void* korch_aligned_alloc(int64_t nbytes);
