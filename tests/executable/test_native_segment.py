@@ -209,3 +209,37 @@ def test_a_call_holds_the_pool_through_short_steps_between_segments(chain):
     with pytest.raises(InputError):
         exe({"x": x[:, :10].copy()})  # a wrong shape: the input check raises while held
     assert rt.korch_pool_holds() == 0
+
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``a`` whose data starts 4 bytes past a 64-byte boundary."""
+    raw = np.empty(a.size + 32, dtype=a.dtype)
+    start = (-raw.ctypes.data % 64) // a.itemsize + 1
+    out = raw[start : start + a.size].reshape(a.shape)
+    out[...] = a
+    assert out.ctypes.data % 64 == 4
+    return out
+
+
+def test_an_input_only_korch_kernels_read_is_not_staged(chain, tmp_path):
+    """Note [Unaligned segment inputs]: the segment's input read by its MatMul alone is
+    passed as it is, unaligned (structure: nothing staged), with the same numbers; one a
+    TVM member reads is still staged, and so is every input of a segment saved without
+    the record."""
+    steps, consts, x, want = chain
+    fused = fuse_native(steps[1:], {5}, consts.get, 2)  # matmul (native) -> tanh (tvm)
+    assert fused[0].kernel.meta["aligned_inputs"] == [False]
+    spec_in, spec_out = {"e": TensorSpec(1, x.shape, "float32")}, {"t": TensorSpec(5, want.shape, "float32")}
+    exe = Executable(spec_in, spec_out, {}, fused)
+    assert exe._align_inputs == set()
+    e = _misaligned(np.exp(x))
+    np.testing.assert_allclose(exe({"e": e})["t"], want, rtol=1e-4, atol=1e-4)
+    exe.save(tmp_path)
+    np.testing.assert_allclose(Executable.load(tmp_path, 2)({"e": e})["t"], want, rtol=1e-4, atol=1e-4)
+    # exp (tvm) reads the graph input: it is staged
+    staged = Executable({"x": TensorSpec(0, x.shape, "float32")}, spec_out, {}, fuse_native(steps, {5}, consts.get, 2))
+    assert staged._align_inputs == {0}
+    np.testing.assert_allclose(staged({"x": _misaligned(x)})["t"], want, rtol=1e-4, atol=1e-4)
+    # a segment saved before the record: every input staged
+    del fused[0].kernel.meta["aligned_inputs"]
+    assert Executable(spec_in, spec_out, {}, fused)._align_inputs == {1}

@@ -132,6 +132,16 @@ def _slot_bytes(nbytes: int) -> int:
     return -(-max(1, nbytes) // ARENA_ALIGN) * ARENA_ALIGN
 
 
+# Note [Unaligned segment inputs]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Only generated (TVM) code assumes ALIGN-byte aligned buffers; korch's own kernels in a
+# native segment (MatMul/Conv, pooling, TopK) load their inputs unaligned. A segment
+# records which of its inputs a TVM member reads (meta "aligned_inputs"), and a graph
+# input that no such kernel reads is passed as it is, not copied into the arena on every
+# call: a CNN's image read only by its stem conv (600 KB) cost efficientnet_b0's calls
+# about 100 us (Note [Input staging]). An executable saved before this records nothing
+# and stages every input, as before.
+#
 # Note [Input staging]
 # ~~~~~~~~~~~~~~~~~~~~
 # A graph input that a generated kernel reads must be ALIGN-byte aligned, and numpy's
@@ -254,19 +264,39 @@ class Executable:
         # aligned, (shape, dtype, planned) per output)
         self._fast: list[tuple[tuple[bool, ...], tuple[tuple[tuple[int, ...], np.dtype, bool], ...]] | None] = []
         self._arena_specs: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
-        aligned = {s.node for s in self.inputs.values()} | set(self.consts)
-        for st in self.steps:
+        graph_inputs = {s.node for s in self.inputs.values()}
+
+        def fast(st: Step) -> bool:
             specs = getattr(st.kernel, "outputs", None)
-            if getattr(st.kernel, "run_into", None) is None or specs is None or len(specs) != len(st.outputs):
+            return (
+                getattr(st.kernel, "run_into", None) is not None and specs is not None and len(specs) == len(st.outputs)
+            )
+
+        def needs_alignment(st: Step, j: int) -> bool:  # Note [Unaligned segment inputs]
+            f = getattr(st.kernel, "input_needs_alignment", None)
+            return True if f is None else bool(f(j))
+
+        # graph inputs a fast-path kernel reads and needs aligned: those check_inputs aligns
+        self._align_inputs = {
+            i
+            for st in self.steps
+            if fast(st)
+            for j, i in enumerate(st.inputs)
+            if i in graph_inputs and needs_alignment(st, j)
+        }
+        aligned = self._align_inputs | set(self.consts)
+        for st in self.steps:
+            if not fast(st):
                 self._fast.append(None)
                 continue
+            specs = st.kernel.outputs
             outs = tuple((tuple(sp.shape), np.dtype(sp.dtype), n not in keep) for n, sp in zip(st.outputs, specs))
             self._arena_specs.update((n, (shape, dt)) for n, (shape, dt, planned) in zip(st.outputs, outs) if planned)
-            self._fast.append((tuple(i in aligned for i in st.inputs), outs))
+            safe = tuple(
+                i in aligned or (i in graph_inputs and not needs_alignment(st, j)) for j, i in enumerate(st.inputs)
+            )
+            self._fast.append((safe, outs))
             aligned.update(st.outputs)  # arena slots and fresh outputs alike
-        # graph inputs a fast-path (generated) kernel reads: those check_inputs aligns
-        fast_reads = {i for st, f in zip(self.steps, self._fast) if f is not None for i in st.inputs}
-        self._align_inputs = {s.node for s in self.inputs.values()} & fast_reads
         self._input_checks = [
             (name, spec, np.dtype(spec.dtype), spec.node in self._align_inputs) for name, spec in self.inputs.items()
         ]

@@ -112,12 +112,14 @@ def build_segment(
 
     drv_steps: list[tuple] = []
     funcs = {}
+    tvm_reads: set[int] = set()  # nodes a TVM member reads: those must be ALIGN-byte aligned
     for j, st in enumerate(members):
         k = st.kernel
         if native_kind(st) == "tvm":
             sym = f"korch_seg{n}_k{j}"
             funcs[sym] = k.prim_func
             specs = [(tuple(s.shape), str(s.dtype)) for s in k.inputs]
+            tvm_reads.update(st.inputs)
             arg = [read(node, sp) for node, sp in zip(st.inputs, specs)]
             ospecs = [(tuple(s.shape), str(s.dtype)) for s in k.outputs]
             arg += [write(node, sp) for node, sp in zip(st.outputs, ospecs)]
@@ -157,6 +159,8 @@ def build_segment(
         "outputs": [[list(produced[nd][0]), produced[nd][1]] for nd in out_nodes],
         "members": [st.record() for st in members],
         "arena_bytes": int(arena_bytes),
+        # Note [Unaligned segment inputs]: per input, whether a TVM member reads it
+        "aligned_inputs": [nd in tvm_reads for nd in in_nodes],
     }
     kernel = NativeSegment(lib, meta, consts)
     kernel.set_threads(num_threads)

@@ -265,9 +265,18 @@ class NativeSegment(CompiledKernel):
     def set_threads(self, num_threads: int) -> None:
         self._lib.korch_set_threads(int(num_threads))
 
+    def input_needs_alignment(self, i: int) -> bool:
+        """Note [Unaligned segment inputs]: whether input ``i`` must be ALIGN-byte aligned
+        (a TVM member reads it); korch's own kernels load their inputs unaligned."""
+        flags = self.meta.get("aligned_inputs")
+        return True if flags is None else bool(flags[i])
+
     def arg(self, i: int, x: np.ndarray) -> np.ndarray:
-        """Input ``i`` as the segment takes it (C order, ALIGN-byte aligned, its dtype)."""
-        return staged_arg(x, self.inputs[i].shape, self._in_dtypes[i])
+        """Input ``i`` as the segment takes it (C order, its dtype; ALIGN-byte aligned
+        where a TVM member reads it)."""
+        if self.input_needs_alignment(i):
+            return staged_arg(x, self.inputs[i].shape, self._in_dtypes[i])
+        return np.ascontiguousarray(x, dtype=self._in_dtypes[i]).reshape(self.inputs[i].shape)
 
     def run_into(self, args: Sequence[np.ndarray], outs: Sequence[np.ndarray]) -> None:
         io = self._io
