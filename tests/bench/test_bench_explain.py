@@ -96,6 +96,12 @@ def test_explain_breakdown_and_svg(optimized, capsys, tmp_path):
     kernel_sum = sum(k["us"] for k in info["kernels"])
     assert kernel_sum <= info["end_to_end_us"] + 1e-9
     assert info["dispatch_us"] >= 0
+    # Note [Segment overhead]: kernels, dispatch and the kernels' skew above their medians
+    # account for the call (up to the clamps at zero)
+    assert info["spread_us"] >= 0
+    assert kernel_sum + info["dispatch_us"] + info["spread_us"] == pytest.approx(
+        info["end_to_end_us"], rel=0.05, abs=50
+    )
     steps = load(outdir).executable.kernel_steps()  # a native segment's kernels one by one
     assert len(info["kernels"]) == len(steps)
     svg = (tmp_path / "pic.svg").read_text()

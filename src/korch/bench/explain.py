@@ -135,6 +135,8 @@ def explain(outdir: str | Path, runs: int = 20, top: int = 15, num_threads: int 
         # everything outside a kernel's clock: the Python loop between steps, and inside
         # a native segment the calls between its kernels and the one ctypes call
         "dispatch_us": t["dispatch_us"] + t["segment_overhead_us"],
+        # Note [Segment overhead] in profile/e2e.py: not dispatch, the kernels' spread
+        "spread_us": t.get("segment_spread_us", 0.0),
         "dispatch_us_per_kernel": (t["dispatch_us"] + t["segment_overhead_us"]) / max(1, len(kernels)),
         "segments": sum(1 for st in exe.steps if st.backend == "native-segment"),
         "end_to_end_us": t["end_to_end_us"],
@@ -177,6 +179,11 @@ def format_explain(info: dict[str, Any]) -> str:
     lines.append(f"{'dispatch overhead':<20} {'':>7} {info['dispatch_us'] / 1e3:>9.3f} {pct(info['dispatch_us'])}")
     n = max(1, len(info["kernels"]))
     lines.append(f"  ({info['dispatch_us'] / n:.1f} us dispatch per kernel)")
+    if info.get("spread_us", 0.0) > 0:
+        lines.append(
+            f"{'kernels above median':<20} {'':>7} {info['spread_us'] / 1e3:>9.3f} {pct(info['spread_us'])}"
+            "  (a call's kernels are not all at their medians at once)"
+        )
     pred = info["report"].get("predicted_latency_us")
     if pred and math.isfinite(pred):
         lines.append(f"sum of profiled kernel costs (the BLP's objective): {pred / 1e3:.3f} ms")

@@ -305,14 +305,22 @@ class NativeSegment(CompiledKernel):
     def profile(self, on: bool) -> None:
         self._lib.korch_seg_profile(int(on))
 
+    def profile_runs_ns(self) -> np.ndarray:
+        """The kernels' times (ns), one row per call since ``profile(True)`` (the last
+        PROFILE_RUNS of them): runs x kernels, no rows before any call."""
+        n, runs = len(self.step_names), min(int(self._lib.korch_seg_profile_runs()), PROFILE_RUNS)
+        if runs == 0:
+            return np.zeros((0, n))
+        p = self._lib.korch_seg_profile_ns()
+        return np.ctypeslib.as_array(p, shape=(PROFILE_RUNS * n,))[: runs * n].reshape(runs, n).astype(np.float64)
+
     def profile_ns(self) -> list[float]:
         """Each kernel's median time (ns) over the calls since ``profile(True)`` (the
         last PROFILE_RUNS of them); zeros before any call."""
-        p = self._lib.korch_seg_profile_ns()
-        n, runs = len(self.step_names), min(int(self._lib.korch_seg_profile_runs()), PROFILE_RUNS)
-        if runs == 0:
-            return [0.0] * n
-        return [float(np.median([p[r * n + i] for r in range(runs)])) for i in range(n)]
+        raw = self.profile_runs_ns()
+        if len(raw) == 0:
+            return [0.0] * len(self.step_names)
+        return [float(v) for v in np.median(raw, axis=0)]
 
     def save(self, directory: Path, stem: str) -> dict[str, Any]:
         directory = Path(directory)
