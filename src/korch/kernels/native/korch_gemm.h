@@ -160,8 +160,10 @@ KORCH_INLINE __m512 exp16(__m512 x) {  // exp8 on sixteen lanes
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(126)), 23);
-  const __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(bits)), _mm512_set1_ps(2.0f));
+  // p * 2^n in one instruction (vscalefps), where exp8 builds 2^(n-1) in the exponent
+  // bits and doubles it: the same product (a power of two scales exactly), four fewer
+  // operations on the two vector ports a SiLU or sigmoid post-op saturates
+  const __m512 y = _mm512_scalef_ps(p, n);
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, hi, _CMP_GT_OQ), y, _mm512_set1_ps(INFINITY));
 }
 
