@@ -20,9 +20,35 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
-from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph  # noqa: E402
+from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph, randn  # noqa: E402
 
+from korch.ir import GraphBuilder, Op  # noqa: E402
 from korch.kernels.registry import get_backend  # noqa: E402
+
+
+def act_graph(linear: str, x_shape, w_shape, act: str, stride: int = 1, pad: int = 0):
+    """A Conv (group = channels where the weight has one input channel) or MatMul, its
+    bias, then ``act``: "none", "silu" (x * sigmoid(x)) or "gelu" (x * 0.5 * (1 + erf(x /
+    sqrt 2))), as fission writes them: Note [Register post-ops]'s cases."""
+    b = GraphBuilder()
+    x = b.input("x", x_shape, "float32")
+    w = b.const(randn(*w_shape), name="w")
+    n = w_shape[0] if linear == "conv" else w_shape[-1]
+    bias = b.const(randn(n), name="bias")
+    if linear == "conv":
+        group = x_shape[1] if w_shape[1] == 1 else 1
+        y = b.add(Op.CONV, [x, w], strides=(stride, stride), dilations=(1, 1), pads=(pad,) * 4, group=group)
+        y = b.binary(Op.ADD, y, b.reshape(bias, (n, 1, 1)))
+    else:
+        y = b.binary(Op.ADD, b.add(Op.MATMUL, [x, w]), bias)
+    if act == "silu":
+        y = b.binary(Op.MUL, y, b.add(Op.SIGMOID, [y]))
+    elif act == "gelu":
+        e = b.add(Op.ERF, [b.binary(Op.DIV, y, b.scalar(2.0**0.5, y))])
+        y = b.binary(Op.MUL, b.binary(Op.MUL, y, b.binary(Op.ADD, e, b.scalar(1.0, e))), b.scalar(0.5, y))
+    b.output("y", y)
+    return b.graph
+
 
 CASES = {
     "BERT mm 128x768x768 + bias + relu": lambda: matmul_graph((128, 768), (768, 768), bias=True, relu=True),
@@ -96,6 +122,25 @@ CASES = {
     ),
     # one pixel: the head's 576 -> 1024 (a GEMV over 2.4 MB of weights)
     "conv1x1 576->1024 1x1": lambda: conv_graph((1, 576, 1, 1), (1024, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    # activations in registers (Note [Register post-ops]): GELU after ConvNeXt's MLP conv
+    # and deit_tiny's fc1, SiLU after efficientnet_b0's depthwise conv; each beside its bias alone
+    **{
+        f"{name} + bias{'' if act == 'none' else ' + ' + act}": (lambda f=f, act=act: f(act))
+        for name, f, acts in [
+            (
+                "conv1x1 40->160 56x56",
+                lambda a: act_graph("conv", (1, 40, 56, 56), (160, 40, 1, 1), a),
+                ("none", "gelu"),
+            ),
+            ("mm 197x192x768", lambda a: act_graph("matmul", (1, 197, 192), (192, 768), a), ("none", "gelu")),
+            (
+                "dwconv3x3 144ch 56x56",
+                lambda a: act_graph("conv", (1, 144, 56, 56), (144, 1, 3, 3), a, pad=1),
+                ("none", "silu"),
+            ),
+        ]
+        for act in acts
+    },
 }
 BACKENDS = ("ort", "native", "numpy")
 

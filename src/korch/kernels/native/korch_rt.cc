@@ -833,6 +833,19 @@ struct Linear {
     r6 = _mm256_permute2f128_ps(u2, u6, 0x31), r7 = _mm256_permute2f128_ps(u3, u7, 0x31);
   }
 
+  // a channel-blocked plane ([bh rows][pw cols][lanes]) zeroed where the input does
+  // not land: rows outside [lo, hi), and in those rows the columns outside [pl, pl + ncopy)
+  void zero_plane_border(float* P, int64_t lanes, int64_t bh, int64_t pw, int64_t lo, int64_t hi,
+                         int64_t ncopy) const {
+    std::memset(P, 0, sizeof(float) * (size_t)(lo * pw * lanes));
+    std::memset(P + hi * pw * lanes, 0, sizeof(float) * (size_t)((bh - hi) * pw * lanes));
+    for (int64_t r = lo; r < hi; ++r) {
+      std::memset(P + r * pw * lanes, 0, sizeof(float) * (size_t)(std::min(pl, pw) * lanes));
+      if (pl + ncopy < pw)
+        std::memset(P + (r * pw + pl + ncopy) * lanes, 0, sizeof(float) * (size_t)((pw - pl - ncopy) * lanes));
+    }
+  }
+
   // output rows per band: the padded input rows of a band within DW_BAND_BYTES
   int64_t dw_band_rows() const {
     const int64_t pw = (wo - 1) * sw + (kw - 1) * dw + 1;
@@ -872,12 +885,7 @@ struct Linear {
     const int64_t r0 = std::min(h, std::max<int64_t>(0, iy0)), r1 = std::max(r0, std::min(h, iy0 + bh));
     const int64_t ncopy = std::max<int64_t>(0, std::min(w, pw - pl));  // input columns that land in the plane
     const int64_t lo = std::max<int64_t>(0, r0 - iy0), hi = std::max(lo, r1 - iy0);
-    std::memset(P, 0, sizeof(float) * (size_t)(lo * pw * 8));
-    std::memset(P + hi * pw * 8, 0, sizeof(float) * (size_t)((bh - hi) * pw * 8));
-    for (int64_t r = lo; r < hi; ++r) {
-      std::memset(P + r * pw * 8, 0, sizeof(float) * (size_t)(std::min(pl, pw) * 8));
-      if (pl + ncopy < pw) std::memset(P + (r * pw + pl + ncopy) * 8, 0, sizeof(float) * (size_t)((pw - pl - ncopy) * 8));
-    }
+    zero_plane_border(P, 8, bh, pw, lo, hi, ncopy);
     const float* src[8];
     auto transpose_into = [&](float* dst, int64_t len) {  // src[j][0, len) -> dst[len][8]
       int64_t q = 0;
@@ -1016,12 +1024,7 @@ struct Linear {
     const int64_t r0 = std::min(h, std::max<int64_t>(0, iy0)), r1 = std::max(r0, std::min(h, iy0 + bh));
     const int64_t ncopy = std::max<int64_t>(0, std::min(w, pw - pl));
     const int64_t lo = std::max<int64_t>(0, r0 - iy0), hi = std::max(lo, r1 - iy0);
-    std::memset(P, 0, sizeof(float) * (size_t)(lo * pw * L));
-    std::memset(P + hi * pw * L, 0, sizeof(float) * (size_t)((bh - hi) * pw * L));
-    for (int64_t r = lo; r < hi; ++r) {
-      std::memset(P + r * pw * L, 0, sizeof(float) * (size_t)(std::min(pl, pw) * L));
-      if (pl + ncopy < pw) std::memset(P + (r * pw + pl + ncopy) * L, 0, sizeof(float) * (size_t)((pw - pl - ncopy) * L));
-    }
+    zero_plane_border(P, L, bh, pw, lo, hi, ncopy);
     const float* src[L];
     auto transpose_into = [&](float* dst, int64_t len) {  // src[j][0, len) -> dst[len][16]
       for (int64_t q = 0; q < len; q += L) {
@@ -1073,9 +1076,10 @@ struct Linear {
         ox += DW16_PIXELS;
         if (ox == wo) ox = 0, ++oy;
       };
-      if (ox + DW16_PIXELS <= wo && q0 + DW16_PIXELS <= nq && sw == 1) {
+      const bool in_row = ox + DW16_PIXELS <= wo && q0 + DW16_PIXELS <= nq;
+      if (in_row && sw == 1) {
         row(std::integral_constant<int64_t, 1>{});
-      } else if (ox + DW16_PIXELS <= wo && q0 + DW16_PIXELS <= nq && sw == 2) {
+      } else if (in_row && sw == 2) {
         row(std::integral_constant<int64_t, 2>{});
       } else {
         const float* base[DW16_PIXELS];
@@ -1104,11 +1108,7 @@ struct Linear {
       __m512 v[L];
       for (int64_t j = 0; j < L; ++j) v[j] = _mm512_load_ps(R + (q + std::min(j, m - 1)) * L);
       korch_gemm::transpose16(v);
-      if (nc == L) {
-        for (int64_t j = 0; j < L; ++j) _mm512_mask_storeu_ps(dst[j] + q, mk, v[j]);
-      } else {
-        for (int64_t j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst[j] + q, mk, v[j]);
-      }
+      for (int64_t j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst[j] + q, mk, v[j]);
     }
   }
 #endif
@@ -1541,15 +1541,12 @@ struct Linear {
       // sixteen channels), else eight
 #if defined(__AVX512F__)
       const bool wide = sw == 1;
-#else
-      const bool wide = false;
-#endif
-      const int64_t DL = wide ? 16 : 8;
-#if defined(__AVX512F__)
       const float* Wb = wide ? pack_depthwise16(W) : pack_depthwise(W);
 #else
+      const bool wide = false;
       const float* Wb = pack_depthwise(W);
 #endif
+      const int64_t DL = wide ? 16 : 8;
       const int64_t cb = (co + DL - 1) / DL, rows = dw_band_rows(), bands = (ho + rows - 1) / rows;
       std::vector<float> bias_buf;
       const korch_gemm::Post post = post_for(ptrs, bias_buf);
