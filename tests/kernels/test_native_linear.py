@@ -394,3 +394,63 @@ def test_matmul_register_post_ops(shapes, act, tmp_path):
     assert plan_of(kg) is not None
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.post_steps == (steps if _avx512() else 0)
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "hardswish", "tanh_gate"])
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(x=(1, 40, 30, 30), w=(40, 1, 3, 3), group=40, pads=(1, 1, 1, 1)),  # depthwise, 16 lanes on AVX-512
+        dict(x=(2, 20, 15, 15), w=(20, 1, 5, 5), group=20, pads=(2, 2, 2, 2)),  # depthwise, two images
+        dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, pads=(0, 0, 0, 0)),  # flat pointwise
+        dict(x=(2, 16, 20, 20), w=(24, 16, 1, 1), group=1, pads=(0, 0, 0, 0)),  # pointwise rows
+        dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, pads=(1, 1, 1, 1)),  # direct
+        dict(x=(1, 32, 12, 12), w=(32, 8, 3, 3), group=4, pads=(1, 1, 1, 1)),  # grouped (RegNetY's SE)
+    ],
+    ids=["depthwise", "depthwise_batch2", "flat_1x1_7x7", "pointwise", "direct_3x3", "grouped"],
+)
+def test_pooled_taps(conv, act, tmp_path):
+    """Note [Pooled taps]: squeeze-and-excitation's shape, a conv + bias + activation
+    whose value is also averaged over each channel plane, beside the biased value's sum
+    flattened as a classifier head does (a tap inside the chain): one kernel, three
+    outputs, against the numpy reference (1e-4)."""
+    b = GraphBuilder()
+    biased, co = _conv_bias(b, conv)
+    make, _ = POST_ACTS[act]
+    y = make(b, biased)
+    b.output("y", y)
+    n, _, h, w = conv["x"]
+    b.output("flat", b.reshape(b.reduce(Op.REDUCE_SUM, biased, (2, 3)), (n, co)))
+    b.output("mean", b.binary(Op.DIV, b.reduce(Op.REDUCE_SUM, y, (2, 3)), b.scalar(float(h * w), y)))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None
+    assert sorted((d, plan.taps[k]) for k, d, _ in plan.pools) == [(1.0, 1), (float(h * w), len(plan.epilogue))]
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.n_outputs == 3
+
+
+def test_a_pool_over_other_axes_is_not_a_tap():
+    """Only a conv's two spatial axes pool into a tap; a sum over channels is other work."""
+    b = GraphBuilder()
+    y, _ = _conv_bias(b, dict(x=(1, 8, 9, 9), w=(8, 1, 3, 3), group=8, pads=(1, 1, 1, 1)))
+    b.output("y", y)
+    b.output("s", b.reduce(Op.REDUCE_SUM, y, (1,)))
+    kg, _ = kernel_of(b.graph)
+    assert plan_of(kg) is None
+
+
+@pytest.mark.parametrize("divided", [True, False])
+def test_only_pooled(divided, tmp_path):
+    """A classifier head's conv + bias + SiLU read only by its global average pool (and
+    the flatten after it): the conv's value goes to scratch, the pool is the one output."""
+    b = GraphBuilder()
+    y, co = _conv_bias(b, dict(x=(1, 48, 7, 7), w=(64, 48, 1, 1), group=1, pads=(0, 0, 0, 0)))
+    y = POST_ACTS["silu"][0](b, y)
+    s = b.reduce(Op.REDUCE_SUM, y, (2, 3))
+    b.output("pooled", b.reshape(b.binary(Op.DIV, s, b.scalar(49.0, s)) if divided else s, (1, co)))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.pools == ((0, 49.0 if divided else 1.0, (1, co)),)
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.n_outputs == 1

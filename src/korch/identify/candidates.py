@@ -31,7 +31,10 @@ epilogue; the fallback for opaque primitives) handle:
   prologue) and every other member is either an elementwise/broadcast epilogue
   reached from L (bias add, activation, residual) or a BROADCAST/RESHAPE "side
   operand" not connected to L's inputs, e.g. the bias reshaped and broadcast to the
-  output shape;
+  output shape. A 2-D CONV's epilogue may also pool: a REDUCE_SUM over its two
+  spatial axes, and the DIV and RESHAPE after it (squeeze-and-excitation's global
+  average pool, which the native runtime sums while the epilogue's rows are in
+  cache: Note [Pooled taps] in korch_rt.cc);
 * memory-bound kernels (elementwise, reduce, broadcast, layout; layout-only too) hold
   at most ``MAX_REDUCTIONS`` reductions: LayerNorm has 2 (mean, variance), softmax
   2 (max, sum), so 4 covers a norm fused with a softmax-like neighbour; more
@@ -67,11 +70,19 @@ class _Rules:
         self.reduce = mask(GroupOp.REDUCE)
         self.adj = [p | s for p, s in zip(dag.preds, dag.succs)]
         epilogue, side = mask(_EPILOGUE), mask(_SIDE)
+        nodes = [graph.nodes[g] for g in dag.nodes]
+        pool = sum(
+            1 << i
+            for i, n in enumerate(nodes)
+            if (n.op is Op.REDUCE_SUM and tuple(n.attr("axes") or ()) == (2, 3) and len(n.shape) == 4)
+            or (n.op is Op.RESHAPE and len(n.shape) == 2 and graph.nodes[n.inputs[0]].shape[2:] == (1, 1))
+        )
         self.allowed_with: dict[int, int] = {}  # linear bit -> members allowed beside it
         if self.linear:
             desc, anc = dag.descendants(), dag.ancestors()
             for i in bits(self.linear):
-                self.allowed_with[1 << i] = (desc[i] & epilogue) | (side & ~desc[i] & ~anc[i])
+                beside = epilogue | (pool if ops[i] is Op.CONV and len(nodes[i].shape) == 4 else 0)
+                self.allowed_with[1 << i] = (desc[i] & beside) | (side & ~desc[i] & ~anc[i])
 
     def monotone_ok(self, d: int) -> bool:
         if d & self.opaque and d & (d - 1):

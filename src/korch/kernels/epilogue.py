@@ -83,6 +83,18 @@ class LinearPlan:
     # value after that many epilogue steps (0: the linear result); () is one output, the
     # chain's end
     taps: tuple[int, ...] = ()
+    # ``match_linear(..., pools=True)``: (output position, divisor, shape) of each output
+    # that is its tap's value summed over each channel plane of a 2-D conv and divided
+    # (a squeeze-and-excitation's global average pool; the native runtime's Note
+    # [Pooled taps])
+    pools: tuple[tuple[int, float, tuple[int, ...]], ...] = ()
+
+    def out_shapes(self) -> list[tuple[int, ...]]:
+        """The shape of each output (``taps`` or the one chain end)."""
+        shapes = [tuple(self.shape)] * (len(self.taps) or 1)
+        for k, _, shape in self.pools:
+            shapes[k] = tuple(shape)
+        return shapes
 
     def to_json(self) -> dict:
         return {
@@ -100,6 +112,7 @@ class LinearPlan:
                 for s in self.epilogue
             ],
             "taps": list(self.taps),
+            "pools": [[k, d, list(shape)] for k, d, shape in self.pools],
         }
 
     @staticmethod
@@ -119,6 +132,7 @@ class LinearPlan:
             ),
             tuple(d["input_names"]),
             tuple(d.get("taps", ())),
+            tuple((k, div, tuple(shape)) for k, div, shape in d.get("pools", ())),
         )
 
 
@@ -128,13 +142,16 @@ def match_linear(
     taps: bool = False,
     rejoin: bool = False,
     unary: frozenset[Op] = EPILOGUE_UNARY,
+    pools: bool = False,
 ) -> LinearPlan | None:
     """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one.
     ``taps``: the kernel may also output values along the chain (GELU's pre-activation,
     say); ``LinearPlan.taps`` says where each output is taken. ``rejoin``: a chain value
     may be read once more by a later binary step (``Operand.chain``: SiLU's
     x * sigmoid(x), a sigmoid-gated add), which the native backend takes; so is
-    ``unary``, the elementwise functions the backend computes (ERF as well for it)."""
+    ``unary``, the elementwise functions the backend computes (ERF as well for it).
+    ``pools`` (with ``taps``): an output may be a chain value's mean over each channel
+    plane of a 2-D conv (``LinearPlan.pools``)."""
     nodes = kgraph.nodes
     if len(kgraph.outputs) != 1 and not taps:
         return None
@@ -171,9 +188,20 @@ def match_linear(
     out_ids = list(kgraph.outputs.values())
     at: dict[int, int] = {lid: 0}  # chain node -> epilogue steps before its value
     out_id = out_ids[0] if len(out_ids) == 1 else None
+    can_pool = pools and taps and lnode.op is Op.CONV and len(lnode.shape) == 4
+    if can_pool:
+        out_id = None  # the chain ends where nothing reads it further (its one output may be a pool)
     forks: dict[int, int] = {}  # a binary node -> the earlier chain node it reads again
+    pooled: dict[int, tuple[int, float]] = {}  # a pool's output node -> (its tap, divisor)
     while cur != out_id:
         nexts = [u for u in users[cur] if forks.get(u) != cur]
+        for u in list(nexts) if can_pool else ():
+            branch = _pool_branch(nodes, users, u, set(out_ids))
+            if branch is not None:
+                end, divisor, members = branch
+                pooled[end] = (at[cur], divisor)
+                used.update(members)
+                nexts.remove(u)
         if out_id is None and not nexts:
             break  # the chain's end (with taps)
         if rejoin and len(nexts) == 2:
@@ -212,9 +240,11 @@ def match_linear(
             return None  # something else is computed
     tap_steps: tuple[int, ...] = ()
     if taps:
-        if any(o not in at for o in out_ids) or cur not in out_ids:
-            return None  # an output off the chain, or the chain's end is not an output
-        tap_steps = tuple(at[o] for o in out_ids)
+        if any(o not in at and o not in pooled for o in out_ids):
+            return None  # an output off the chain
+        if cur not in out_ids and at[cur] not in {t for t, _ in pooled.values()}:
+            return None  # the chain's end is neither an output nor pooled
+        tap_steps = tuple(at[o] if o in at else pooled[o][0] for o in out_ids)
     attrs = {}
     if lnode.op is Op.CONV:
         attrs = {k: lnode.attr(k) for k in ("strides", "dilations", "pads", "group")}
@@ -231,7 +261,33 @@ def match_linear(
         tuple(chain),
         tuple(names),
         tap_steps,
+        tuple((k, pooled[o][1], nodes[o].shape) for k, o in enumerate(out_ids) if o in pooled),
     )
+
+
+def _pool_branch(nodes, users, nid: int, outs: set[int]) -> tuple[int, float, list[int]] | None:
+    """A chain value's user ``nid`` as a global average (or sum) pool over a conv's two
+    spatial axes: REDUCE_SUM over (2, 3), then an optional DIV by a nonzero scalar and
+    an optional RESHAPE, single users, the last a kernel output; (that output, the
+    divisor, the nodes)."""
+    node = nodes[nid]
+    if node.op is not Op.REDUCE_SUM or tuple(node.attr("axes") or ()) != (2, 3):
+        return None
+    members, divisor, end = [nid], 1.0, nid
+    for op in (Op.DIV, Op.RESHAPE):
+        if end in outs or len(users[end]) != 1 or nodes[users[end][0]].op is not op:
+            continue
+        nxt = nodes[users[end][0]]
+        if op is Op.DIV:
+            d = nodes[nxt.inputs[1]]
+            if nxt.inputs[0] != end or not d.is_scalar_const or float(d.attr("value")) == 0.0:
+                return None
+            divisor = float(d.attr("value"))
+        end = users[end][0]
+        members.append(end)
+    if end not in outs:
+        return None
+    return end, divisor, members
 
 
 def _fork(nodes, users, cur: int, nexts: list[int]) -> int | None:

@@ -19,11 +19,10 @@ milliseconds, so the orchestrator decides what is worth measuring:
    predicted costs; first among those an uncalibrated round chooses, which a round
    would measure anyway) are measured before the first round; a kernel with a measured
    *neighbour* (Note [Measured neighbours]) takes the neighbour's error instead of the
-   class scale. With no seeds, the scale assumed
-   the model's level right, and on a machine where it was not (the linear roofline
-   predicted mlp's MatMuls at 86 us, onnxruntime ran them in 36-38) the first round
-   settled on measured library regions, 1.21x slower end to end than what exhaustive
-   profiling found (the model
+   class scale. With no seeds, the scale assumed the model's level right, and on a
+   machine where it was not (the linear roofline predicted mlp's MatMuls at 86 us,
+   onnxruntime ran them in 36-38) the first round settled on measured library regions,
+   1.21x slower end to end than what exhaustive profiling found (the model
    ranks kernels; its level drifts with machine load and calibration; ``z`` is
    ``Settings.guided_optimism``, sd is shrunk towards a prior of 0.5 while few
    kernels are measured);
@@ -477,7 +476,8 @@ def _estimate(h: str, known: dict, pred: dict, scale: float | dict) -> float:
 # of that plan, measuring more can gain at most that share, and the partition measures
 # nothing more. Without it, yolo_block measured 75-86 of its 331 candidates, one or
 # two variants a round for rounds on end whose choices differed by a few percent; with
-# 3% it measured 64-70 (benchmarks/RESULTS.md, Auto tiling).
+# 3% it measured 64-70 (benchmarks/RESULTS.md, Auto tiling). Native kernels (no build,
+# ms each) are measured whatever the gain: efficientnet_b0's pooled convs saved 1-3%.
 
 
 def _guided_rounds(
@@ -574,7 +574,7 @@ def _round_wants(ctx, workloads, pred, results, klass: dict, z: float, tol: floa
                 orch = solve(g, part, [c.kernel for c in cands], penal, time_limit_s=s.blp_time_limit_s)
             except OrchestrationError:
                 continue
-        if tol > 0 and any(known[cands[i].hash] is None for i in orch.chosen):
+        if tol > 0 and any(known[cands[i].hash] is None and cands[i].backends != ("native",) for i in orch.chosen):
             # Note [Guided tolerance]: close enough to what is measured already
             measured_costs = [known[c.hash] if known[c.hash] is not None else math.inf for c in cands]
             try:

@@ -237,11 +237,55 @@ enum Code : int64_t {
 
 struct Step {
   // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos), 4 save
-  // (to slot pos), 5 saved operand (slot pos)
+  // (to slot pos), 5 saved operand (slot pos), 6 pool (output pos: Note [Pooled taps])
   int64_t op, kind, left, pos;
   float scalar;
   std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
 };
+
+// Note [Pooled taps]
+// ~~~~~~~~~~~~~~~~~~
+// A convolution's kernel may also output the mean of a chain value over each channel
+// plane (N x C values): squeeze-and-excitation pools the activation a depthwise conv
+// just wrote (efficientnet_b0, MobileNetV3, RegNetY). As a kernel of its own that pool
+// re-read the plane from memory, often from the other core's cache (144 x 56 x 56:
+// 80 us alone, 159 us in place). A pool step sums each epilogue chunk while it is in
+// L1 and adds the sum to its channel's total (an atomic add: two threads' bands of
+// rows can share a channel); the run zeroes the totals before and divides them after.
+// Rows never cross a channel plane where a kernel pools (plan_rows). Where nothing
+// but the pools reads the chain (a classifier head's conv, activation and global
+// pool), the conv's value goes to scratch: the main output is then nout, past the
+// outputs.
+inline void atomic_add(float* p, float v) {
+  uint32_t* u = reinterpret_cast<uint32_t*>(p);
+  uint32_t old = __atomic_load_n(u, __ATOMIC_RELAXED), nw;
+  do {
+    float f;
+    std::memcpy(&f, &old, sizeof f);
+    f += v;
+    std::memcpy(&nw, &f, sizeof f);
+  } while (!__atomic_compare_exchange_n(u, &old, nw, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+}
+
+inline float sum_floats(const float* __restrict v, int64_t n) {
+  int64_t j = 0;
+  float s = 0.0f;
+#if defined(__AVX2__)
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; j + 32 <= n; j += 32) {
+    a0 = _mm256_add_ps(a0, _mm256_loadu_ps(v + j));
+    a1 = _mm256_add_ps(a1, _mm256_loadu_ps(v + j + 8));
+    a2 = _mm256_add_ps(a2, _mm256_loadu_ps(v + j + 16));
+    a3 = _mm256_add_ps(a3, _mm256_loadu_ps(v + j + 24));
+  }
+  for (; j + 8 <= n; j += 8) a0 = _mm256_add_ps(a0, _mm256_loadu_ps(v + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (float x : lanes) s += x;
+#endif
+  for (; j < n; ++j) s += v[j];
+  return s;
+}
 
 inline float bin(int64_t op, float v, float o, bool left) {
   float x = left ? v : o, y = left ? o : v;
@@ -352,6 +396,8 @@ struct Linear {
   int64_t n = 0, c = 0, h = 0, w = 0, co = 0, kh = 0, kw = 0, sh = 0, sw = 0, dh = 0, dw = 0, pt = 0, pl = 0,
           group = 0, ho = 0, wo = 0;
   std::vector<Step> epi;
+  bool pools = false;  // a step of kind 6 (Note [Pooled taps])
+  mutable std::vector<float> scratch_out;  // the main output where only its pools are (main == nout)
   int64_t slots = 0;  // rows of scratch the chain saves values to (kind 4) and reads back (5)
 
   // Note [Epilogue rows]
@@ -369,7 +415,10 @@ struct Linear {
   void plan_rows() {
     const int64_t D = (int64_t)oshape.size();
     int64_t d = D - 1, L = oshape[(size_t)(D - 1)];
+    bool pooled = false;
+    for (const Step& s : epi) pooled |= s.kind == 6;
     for (; d > 0; --d) {
+      if (pooled && d <= 2) break;  // Note [Pooled taps]: a row within one channel plane
       bool ok = true;
       for (const Step& s : epi)
         if (s.kind == 2 && s.strides[(size_t)(d - 1)] != s.strides[(size_t)d] * oshape[(size_t)d]) ok = false;
@@ -491,6 +540,8 @@ struct Linear {
         const Step& s = epi[si];
         if (s.kind == 3) {
           std::memcpy(static_cast<float*>(ptrs[nin + s.pos]) + f, v, sizeof(float) * len);
+        } else if (s.kind == 6) {  // Note [Pooled taps]
+          atomic_add(static_cast<float*>(ptrs[nin + s.pos]) + f / (oshape[2] * oshape[3]), sum_floats(v, len));
         } else if (s.kind == 4) {
           std::memcpy(scratch.data() + s.pos * EPI_CHUNK, v, sizeof(float) * len);
         } else if (s.kind == 5) {
@@ -521,6 +572,23 @@ struct Linear {
   float pool_div = 1.0f;  // the sum divided by this (an AveragePool's window size)
 
   int run(void* const* ptrs) const {
+    if (op == 1 && pools) {  // Note [Pooled taps]: totals from zero, divided after
+      for (const Step& s : epi)
+        if (s.kind == 6) std::memset(ptrs[nin + s.pos], 0, sizeof(float) * (size_t)(n * co));
+      int rc;
+      if (main == nout) {  // the conv's value is only pooled: computed into scratch
+        std::vector<void*> p(ptrs, ptrs + nin + nout);
+        scratch_out.resize((size_t)(n * co * ho * wo));
+        p.push_back(scratch_out.data());
+        rc = conv(p.data());
+      } else {
+        rc = conv(ptrs);
+      }
+      for (const Step& s : epi)
+        if (s.kind == 6)
+          for (int64_t i = 0; i < n * co; ++i) static_cast<float*>(ptrs[nin + s.pos])[i] /= s.scalar;
+      return rc;
+    }
     return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : pool(ptrs);
   }
 
@@ -1763,12 +1831,14 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
     if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)) ||
         (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
-        st.kind < 0 || st.kind > 5)
+        (st.kind == 6 && (st.pos < 0 || st.pos >= k->nout || st.pos == k->main || k->op != 1 || D != 4 || st.scalar == 0.0f)) ||
+        st.kind < 0 || st.kind > 6)
       r.ok = false;
+    k->pools |= st.kind == 6;
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version != 1 || r.i != n || D < 1 || k->op < 0 || k->op > 3 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main >= k->nout ||
+  if (!r.ok || version != 1 || r.i != n || D < 1 || k->op < 0 || k->op > 3 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

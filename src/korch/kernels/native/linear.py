@@ -16,15 +16,17 @@ A kernel is described to C++ by an int64 code (``encode``), read by
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
     n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store, 4 save,
-            5 saved), value left, input pos (output pos for a store, slot for a save
-            and a saved operand), the scalar as float64 bits, element strides of the
-            operand over the out dims[D]
+            5 saved, 6 pool), value left, input pos (output pos for a store or a
+            pool, slot for a save and a saved operand), the scalar (a pool's divisor)
+            as float64 bits, element strides of the operand over the out dims[D]
 
 The linear result goes to the main output (the chain's end) and the chain runs there;
 a kernel with more outputs (``LinearPlan.taps``: GELU's pre-activation beside its
 product, say) gets store steps that copy the value at their point of the chain. A
 chain value read again later (``Operand.chain``: SiLU's x in x * sigmoid(x)) is saved
-to a slot, a row of scratch, and a later binary step reads the slot.
+to a slot, a row of scratch, and a later binary step reads the slot. An output may
+also be a chain value's mean over each channel plane of a conv (``LinearPlan.pools``:
+squeeze-and-excitation's pool; Note [Pooled taps] in ``korch_rt.cc``).
 """
 
 from __future__ import annotations
@@ -88,10 +90,15 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
         raise Unsupported(f"native linear kernels are float32 (got {plan.dtype})")
     shape = tuple(int(s) for s in plan.shape)
     taps = plan.taps or (len(plan.epilogue),)
-    ends = [k for k, t in enumerate(taps) if t == len(plan.epilogue)]
-    if not ends:
+    pooled = {k: divisor for k, divisor, _ in plan.pools}
+    if pooled and (plan.op is not Op.CONV or len(shape) != 4):
+        raise Unsupported("pooled outputs of a 2-D convolution only")
+    ends = [k for k, t in enumerate(taps) if t == len(plan.epilogue) and k not in pooled]
+    if not ends and not pooled:
         raise Unsupported("no output at the chain's end")
-    main = ends[0]  # the linear result is computed into this output, the chain applied there
+    # the linear result is computed into this output, the chain applied there; past the
+    # outputs (scratch) where only pools read the chain (Note [Pooled taps])
+    main = ends[0] if ends else len(taps)
     b_const = int(plan.input_names[plan.b].endswith("_c"))  # a named constant: packed once
     code: list[int] = [CODE_VERSION, 0 if plan.op is Op.MATMUL else 1, len(input_shapes), len(taps), main, b_const]
     code += [plan.a, plan.b, len(shape)]
@@ -135,8 +142,14 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     slot = {k: i for i, k in enumerate(chained)}
     code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot))
     zeros = [0] * len(shape)
+
+    def store(k: int) -> list[int]:  # output k := the value, or its pool (Note [Pooled taps])
+        if k in pooled:
+            return [STORE, 6, 1, k, int(np.array(pooled[k], dtype=np.float64).view(np.int64)), *zeros]
+        return [STORE, 3, 1, k, 0, *zeros]
+
     for j, st in enumerate(plan.epilogue):
-        code += [x for k in stores[j] for x in (STORE, 3, 1, k, 0, *zeros)]  # Note: output k := the value
+        code += [x for k in stores[j] for x in store(k)]
         if j in slot:
             code += [STORE, 4, 1, slot[j], 0, *zeros]  # slot := the value
         if st.op not in OP_CODES:
@@ -152,12 +165,12 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
         else:
             strides = _operand_strides(plan, opd, tuple(input_shapes[opd.pos]))
             code += [OP_CODES[st.op], 2, int(st.value_left), opd.pos, 0, *strides]
-    code += [x for k in stores[len(plan.epilogue)] for x in (STORE, 3, 1, k, 0, *zeros)]
+    code += [x for k in stores[len(plan.epilogue)] for x in store(k)]
     return np.asarray(code, dtype=np.int64)
 
 
 def plan_of(kgraph: Graph) -> LinearPlan | None:
-    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY)
+    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY, pools=True)
 
 
 class NativeLinearKernel(RuntimeKernel):
@@ -175,8 +188,7 @@ class NativeLinearKernel(RuntimeKernel):
 
     def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
         """(shape, dtype) of each input and output, as a segment lays them out."""
-        out = (tuple(self.plan.shape), "float32")
-        return [(s, "float32") for s in self.input_shapes], [out] * self.n_outputs
+        return [(s, "float32") for s in self.input_shapes], [(s, "float32") for s in self.plan.out_shapes()]
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         # (addresses by buffer_address: ``.ctypes.data`` per argument made a 2 us kernel
@@ -186,7 +198,7 @@ class NativeLinearKernel(RuntimeKernel):
             a = np.ascontiguousarray(inputs[i], dtype=np.float32)
             keep.append(a)
             self._ptrs[i] = buffer_address(a)
-        outs = [np.empty(self.plan.shape, dtype=np.float32) for _ in range(self.n_outputs)]
+        outs = [np.empty(s, dtype=np.float32) for s in self.plan.out_shapes()]
         for j, o in enumerate(outs):
             self._ptrs[len(inputs) + j] = buffer_address(o)
         self._run("linear kernel")
