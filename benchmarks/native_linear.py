@@ -138,6 +138,16 @@ CASES = {
                 lambda a: act_graph("conv", (1, 144, 56, 56), (144, 1, 3, 3), a, pad=1),
                 ("none", "silu"),
             ),
+            (
+                "dwconv3x3 32ch 112x112",
+                lambda a: act_graph("conv", (1, 32, 112, 112), (32, 1, 3, 3), a, pad=1),
+                ("none", "silu"),
+            ),
+            (
+                "dwconv3x3 s2 96ch 112x112",
+                lambda a: act_graph("conv", (1, 96, 112, 112), (96, 1, 3, 3), a, stride=2, pad=1),
+                ("none", "silu"),
+            ),
         ]
         for act in acts
     },

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph, randn, run_and_compare
 
-from korch.ir import GraphBuilder, Op
+from korch.ir import GraphBuilder, Op, evaluate
 from korch.kernels.native.linear import Unsupported, encode, plan_of
 
 
@@ -454,3 +454,47 @@ def test_only_pooled(divided, tmp_path):
     assert plan is not None and plan.pools == ((0, 49.0 if divided else 1.0, (1, co)),)
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
     assert k.n_outputs == 1
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(x=(1, 144, 28, 28), w=(24, 144, 1, 1), group=1, pads=(0, 0, 0, 0)),  # the weights scaled
+        dict(x=(1, 96, 7, 7), w=(160, 96, 1, 1), group=1, pads=(0, 0, 0, 0)),  # the input scaled
+        dict(x=(2, 32, 10, 10), w=(24, 32, 1, 1), group=1, pads=(0, 0, 0, 0)),  # two images: the input
+        dict(x=(1, 32, 12, 12), w=(32, 8, 3, 3), group=4, pads=(1, 1, 1, 1)),  # grouped 3x3: the weights
+        dict(x=(1, 3, 5, 5), w=(16, 3, 1, 1), group=1, pads=(0, 0, 0, 0)),  # few pixels
+    ],
+    ids=["weights", "input", "batch2", "grouped", "few_pixels"],
+)
+def test_scaled_input(case, tmp_path):
+    """Note [Scaled inputs]: squeeze-and-excitation's x * s[n, c] read by a conv with a
+    bias and a residual, one kernel whichever of the weights or the input is scaled;
+    against the numpy reference (1e-4), called again with other scales (the weights
+    are packed again each call)."""
+    b = GraphBuilder()
+    n, c, h, w = case["x"]
+    x = b.input("x", case["x"], "float32")
+    s = b.input("s", (n, c, 1, 1), "float32")
+    xs = b.add(Op.MUL, [x, b.add(Op.BROADCAST, [s], shape=case["x"])])
+    y = b.add(
+        Op.CONV,
+        [xs, b.const(randn(*case["w"]), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=case["pads"],
+        group=case["group"],
+    )
+    co = case["w"][0]
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    b.output("y", b.binary(Op.ADD, y, b.input("r", (n, co, h, w), "float32")))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.a_scale is not None and plan.a_shape == case["x"]
+    feeds = feeds_for(kg, consts)
+    k = run_and_compare("native", kg, consts, feeds, tmp_path)
+    scale = next(name for name, nid in kg.inputs.items() if kg.nodes[nid].shape == (n, c, 1, 1))
+    feeds[scale] = feeds[scale] * 2.5 - 1.0
+    (want,) = evaluate(kg, {**feeds, **consts}).values()
+    (got,) = k([feeds[name] if name in feeds else consts[name] for name in kg.inputs])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

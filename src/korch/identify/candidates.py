@@ -34,7 +34,9 @@ epilogue; the fallback for opaque primitives) handle:
   output shape. A 2-D CONV's epilogue may also pool: a REDUCE_SUM over its two
   spatial axes, and the DIV and RESHAPE after it (squeeze-and-excitation's global
   average pool, which the native runtime sums while the epilogue's rows are in
-  cache: Note [Pooled taps] in korch_rt.cc);
+  cache: Note [Pooled taps] in korch_rt.cc), and its input may be a MUL by a
+  broadcast operand (squeeze-and-excitation's scale, folded into the weights or the
+  input: Note [Scaled inputs]);
 * memory-bound kernels (elementwise, reduce, broadcast, layout; layout-only too) hold
   at most ``MAX_REDUCTIONS`` reductions: LayerNorm has 2 (mean, variance), softmax
   2 (max, sum), so 4 covers a norm fused with a softmax-like neighbour; more
@@ -80,9 +82,15 @@ class _Rules:
         self.allowed_with: dict[int, int] = {}  # linear bit -> members allowed beside it
         if self.linear:
             desc, anc = dag.descendants(), dag.ancestors()
+            local = {g: i for i, g in enumerate(dag.nodes)}
             for i in bits(self.linear):
-                beside = epilogue | (pool if ops[i] is Op.CONV and len(nodes[i].shape) == 4 else 0)
-                self.allowed_with[1 << i] = (desc[i] & beside) | (side & ~desc[i] & ~anc[i])
+                conv = ops[i] is Op.CONV and len(nodes[i].shape) == 4
+                beside = epilogue | (pool if conv else 0)
+                self.allowed_with[1 << i] = (
+                    (desc[i] & beside)
+                    | (side & ~desc[i] & ~anc[i])
+                    | (_prologue(graph, nodes[i], local) if conv else 0)
+                )
 
     def monotone_ok(self, d: int) -> bool:
         if d & self.opaque and d & (d - 1):
@@ -108,6 +116,20 @@ class _Rules:
 
     def ok(self, d: int) -> bool:
         return self.monotone_ok(d) and self.connected(d)
+
+
+def _prologue(graph: Graph, conv, local: dict[int, int]) -> int:
+    """The conv's input as a MUL and the BROADCAST/RESHAPE nodes before its operands,
+    as bits of the local DAG (0 if its input is no MUL in it)."""
+    mul = conv.inputs[0]
+    if mul not in local or graph.nodes[mul].op is not Op.MUL:
+        return 0
+    bits_ = 1 << local[mul]
+    for s in graph.nodes[mul].inputs:
+        while s in local and graph.nodes[s].op in _SIDE:
+            bits_ |= 1 << local[s]
+            s = graph.nodes[s].inputs[0]
+    return bits_
 
 
 def generatable(graph: Graph, kernel_nodes: Sequence[int], max_kernel_size: int | None = None) -> bool:

@@ -88,6 +88,10 @@ class LinearPlan:
     # (a squeeze-and-excitation's global average pool; the native runtime's Note
     # [Pooled taps])
     pools: tuple[tuple[int, float, tuple[int, ...]], ...] = ()
+    # ``match_linear(..., prologue=True)``: the conv's input is input ``a`` times this
+    # operand, one number per image and channel (squeeze-and-excitation's scale; the
+    # native runtime's Note [Scaled inputs])
+    a_scale: Operand | None = None
 
     def out_shapes(self) -> list[tuple[int, ...]]:
         """The shape of each output (``taps`` or the one chain end)."""
@@ -113,6 +117,7 @@ class LinearPlan:
             ],
             "taps": list(self.taps),
             "pools": [[k, d, list(shape)] for k, d, shape in self.pools],
+            "a_scale": self.a_scale.to_json() if self.a_scale else None,
         }
 
     @staticmethod
@@ -133,6 +138,7 @@ class LinearPlan:
             tuple(d["input_names"]),
             tuple(d.get("taps", ())),
             tuple((k, div, tuple(shape)) for k, div, shape in d.get("pools", ())),
+            Operand.from_json(d["a_scale"]) if d.get("a_scale") else None,
         )
 
 
@@ -143,6 +149,7 @@ def match_linear(
     rejoin: bool = False,
     unary: frozenset[Op] = EPILOGUE_UNARY,
     pools: bool = False,
+    prologue: bool = False,
 ) -> LinearPlan | None:
     """The plan for a linear primitive plus elementwise chain, or None if ``kgraph`` is not one.
     ``taps``: the kernel may also output values along the chain (GELU's pre-activation,
@@ -151,7 +158,8 @@ def match_linear(
     x * sigmoid(x), a sigmoid-gated add), which the native backend takes; so is
     ``unary``, the elementwise functions the backend computes (ERF as well for it).
     ``pools`` (with ``taps``): an output may be a chain value's mean over each channel
-    plane of a 2-D conv (``LinearPlan.pools``)."""
+    plane of a 2-D conv (``LinearPlan.pools``). ``prologue``: a 2-D conv's input may be
+    an input times a per-channel operand (``LinearPlan.a_scale``)."""
     nodes = kgraph.nodes
     if len(kgraph.outputs) != 1 and not taps:
         return None
@@ -163,11 +171,9 @@ def match_linear(
         return None
     lid = lin[0]
     lnode = nodes[lid]
-    if lnode.dtype not in _FLOAT or any(
-        nodes[i].op is not Op.INPUT or nodes[i].dtype != lnode.dtype for i in lnode.inputs
-    ):
-        return None
     dtype = lnode.dtype
+    if dtype not in _FLOAT:
+        return None
 
     def operand(nid: int) -> Operand | None:
         node = nodes[nid]
@@ -182,7 +188,18 @@ def match_linear(
             return None
         return Operand(pos=positions[nid], name=node.attr("name"), steps=tuple(reversed(steps)))
 
-    used = {lid} | set(lnode.inputs)
+    a, b = lnode.inputs
+    used = {lid}
+    a_scale = None
+    if prologue and lnode.op is Op.CONV and len(lnode.shape) == 4 and nodes[a].op is Op.MUL and len(users[a]) == 1:
+        found = _input_scale(nodes, a, operand)
+        if found is None:
+            return None
+        a, a_scale, members = found
+        used.update(members)
+    if any(nodes[i].op is not Op.INPUT or nodes[i].dtype != dtype for i in (a, b)):
+        return None
+    used |= {a, b}
     cur = lid
     chain: list[EpilogueStep] = []
     out_ids = list(kgraph.outputs.values())
@@ -248,7 +265,6 @@ def match_linear(
     attrs = {}
     if lnode.op is Op.CONV:
         attrs = {k: lnode.attr(k) for k in ("strides", "dilations", "pads", "group")}
-    a, b = lnode.inputs
     return LinearPlan(
         lnode.op,
         positions[a],
@@ -262,7 +278,26 @@ def match_linear(
         tuple(names),
         tap_steps,
         tuple((k, pooled[o][1], nodes[o].shape) for k, o in enumerate(out_ids) if o in pooled),
+        a_scale,
     )
+
+
+def _input_scale(nodes, mul: int, operand) -> tuple[int, Operand, list[int]] | None:
+    """The conv input ``mul`` as INPUT x times an input seen through RESHAPE/BROADCAST
+    (whether it varies only by image and channel is the backend's check); (x, that
+    operand, the nodes)."""
+    for x, s in (nodes[mul].inputs, reversed(nodes[mul].inputs)):
+        if nodes[x].op is not Op.INPUT or nodes[x].shape != nodes[mul].shape:
+            continue
+        opd = operand(s)
+        if opd is None or opd.pos < 0:
+            continue
+        members = [mul]
+        while nodes[s].op in (Op.RESHAPE, Op.BROADCAST):
+            members.append(s)
+            s = nodes[s].inputs[0]
+        return x, opd, members
+    return None
 
 
 def _pool_branch(nodes, users, nid: int, outs: set[int]) -> tuple[int, float, list[int]] | None:

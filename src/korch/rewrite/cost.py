@@ -136,6 +136,8 @@ class ByteFlopCost:
         node = lin[0]
         read = sum(_bytes(g.nodes[i]) for i in node.inputs)
         mine = set(node.inputs)
+        for i in node.inputs:  # a scaled input (Note [Scaled inputs]): read once, as the product
+            mine |= set(g.nodes[i].inputs) if g.nodes[i].op is not Op.INPUT else set()
         extra = sum(_bytes(n) for i, n in enumerate(g.nodes) if n.op is Op.INPUT and i not in mine)
         written = sum(_bytes(g.nodes[i]) for i in dict.fromkeys(g.outputs.values()))
         return max(2 * _flops(g, node) / self.flops_per_s, (read + extra + written) / self.bandwidth) + self.launch

@@ -237,7 +237,8 @@ enum Code : int64_t {
 
 struct Step {
   // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos), 4 save
-  // (to slot pos), 5 saved operand (slot pos), 6 pool (output pos: Note [Pooled taps])
+  // (to slot pos), 5 saved operand (slot pos), 6 pool (output pos: Note [Pooled taps]),
+  // 7 the conv input's scale (input pos, strides over the input: Note [Scaled inputs])
   int64_t op, kind, left, pos;
   float scalar;
   std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
@@ -572,24 +573,64 @@ struct Linear {
   float pool_div = 1.0f;  // the sum divided by this (an AveragePool's window size)
 
   int run(void* const* ptrs) const {
-    if (op == 1 && pools) {  // Note [Pooled taps]: totals from zero, divided after
-      for (const Step& s : epi)
-        if (s.kind == 6) std::memset(ptrs[nin + s.pos], 0, sizeof(float) * (size_t)(n * co));
-      int rc;
-      if (main == nout) {  // the conv's value is only pooled: computed into scratch
-        std::vector<void*> p(ptrs, ptrs + nin + nout);
-        scratch_out.resize((size_t)(n * co * ho * wo));
-        p.push_back(scratch_out.data());
-        rc = conv(p.data());
-      } else {
-        rc = conv(ptrs);
-      }
-      for (const Step& s : epi)
-        if (s.kind == 6)
-          for (int64_t i = 0; i < n * co; ++i) static_cast<float*>(ptrs[nin + s.pos])[i] /= s.scalar;
-      return rc;
-    }
+    if (op == 1 && (pools || a_scale >= 0)) return conv_around(ptrs);
     return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : pool(ptrs);
+  }
+
+  // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
+  // in scratch where only they read it) or an input scale (Note [Scaled inputs])
+  int conv_around(void* const* ptrs) const {
+    std::vector<void*> p(ptrs, ptrs + nin + nout);
+    if (main == nout) {
+      scratch_out.resize((size_t)(n * co * ho * wo));
+      p.push_back(scratch_out.data());
+    }
+    if (a_scale >= 0) scale_input(p.data());
+    for (const Step& s : epi)
+      if (s.kind == 6) std::memset(ptrs[nin + s.pos], 0, sizeof(float) * (size_t)(n * co));
+    const int rc = conv(p.data());
+    for (const Step& s : epi)
+      if (s.kind == 6)
+        for (int64_t i = 0; i < n * co; ++i) static_cast<float*>(ptrs[nin + s.pos])[i] /= s.scalar;
+    return rc;
+  }
+
+  // Note [Scaled inputs]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // Squeeze-and-excitation scales each channel of a depthwise conv's output by a number
+  // per image, then a 1x1 conv projects it. As a kernel of its own the scale re-read
+  // and re-wrote the whole activation (efficientnet_b0: 144 x 56 x 56, 128 us in
+  // place). Folded into the conv, it scales whichever is smaller: the weights (W[o, k]
+  // * s[k], one image only; repacked this call), 24 x 144 numbers there against
+  // 144 x 3136, or else a copy of the input.
+  int64_t a_scale = -1, as_n = 0, as_c = 0;  // the scale's input pos and strides (image, channel)
+  mutable std::vector<float> scaled;         // this call's scaled weights or input
+
+  void scale_input(void** p) const {
+    const float* S = static_cast<const float*>(p[a_scale]);
+    const int64_t cig = c / group, cog = co / group, taps = kh * kw, HW = h * w;
+    if (n == 1 && 3 * co * cig * taps <= 2 * c * HW) {  // reading, scaling and packing the weights
+      const float* W = static_cast<const float*>(p[b]);
+      scaled.resize((size_t)(co * cig * taps));
+      for (int64_t o = 0; o < co; ++o)
+        for (int64_t k = 0; k < cig; ++k) {
+          const float sc = S[((o / cog) * cig + k) * as_c];
+          const int64_t at = (o * cig + k) * taps;
+          for (int64_t t = 0; t < taps; ++t) scaled[(size_t)(at + t)] = W[at + t] * sc;
+        }
+      p[b] = scaled.data();
+      std::lock_guard<std::mutex> lock(pack_mu);
+      packed_from = nullptr;  // packed again, from this call's weights
+      return;
+    }
+    scaled.resize((size_t)(n * c * HW));
+    const float* X = static_cast<const float*>(p[a]);
+    float* Xs = scaled.data();
+    parallel_for(n * c, n * c * HW < 65536 ? 1 : threads(), [&](int64_t t) {
+      const float sc = S[(t / c) * as_n + (t % c) * as_c];
+      for (int64_t j = 0; j < HW; ++j) Xs[t * HW + j] = X[t * HW + j] * sc;
+    });
+    p[a] = Xs;
   }
 
   // Note [Native pooling]
@@ -1832,8 +1873,13 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)) ||
         (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
         (st.kind == 6 && (st.pos < 0 || st.pos >= k->nout || st.pos == k->main || k->op != 1 || D != 4 || st.scalar == 0.0f)) ||
-        st.kind < 0 || st.kind > 6)
+        (st.kind == 7 && (st.pos < 0 || st.pos >= k->nin || k->op != 1 || D != 4 || st.strides[2] || st.strides[3])) ||
+        st.kind < 0 || st.kind > 7)
       r.ok = false;
+    if (r.ok && st.kind == 7) {  // Note [Scaled inputs]: not a step of the epilogue
+      k->a_scale = st.pos, k->as_n = st.strides[0], k->as_c = st.strides[1];
+      continue;
+    }
     k->pools |= st.kind == 6;
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);

@@ -16,9 +16,10 @@ A kernel is described to C++ by an int64 code (``encode``), read by
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
     n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store, 4 save,
-            5 saved, 6 pool), value left, input pos (output pos for a store or a
-            pool, slot for a save and a saved operand), the scalar (a pool's divisor)
-            as float64 bits, element strides of the operand over the out dims[D]
+            5 saved, 6 pool, 7 input scale), value left, input pos (output pos for a
+            store or a pool, slot for a save and a saved operand), the scalar (a pool's
+            divisor) as float64 bits, element strides of the operand over the out
+            dims[D] (an input scale's over the conv input's)
 
 The linear result goes to the main output (the chain's end) and the chain runs there;
 a kernel with more outputs (``LinearPlan.taps``: GELU's pre-activation beside its
@@ -26,7 +27,9 @@ product, say) gets store steps that copy the value at their point of the chain. 
 chain value read again later (``Operand.chain``: SiLU's x in x * sigmoid(x)) is saved
 to a slot, a row of scratch, and a later binary step reads the slot. An output may
 also be a chain value's mean over each channel plane of a conv (``LinearPlan.pools``:
-squeeze-and-excitation's pool; Note [Pooled taps] in ``korch_rt.cc``).
+squeeze-and-excitation's pool; Note [Pooled taps] in ``korch_rt.cc``), and a conv's
+input may come scaled per channel (``LinearPlan.a_scale``: the excitation; Note
+[Scaled inputs]).
 """
 
 from __future__ import annotations
@@ -72,11 +75,11 @@ class Unsupported(ValueError):
     """The plan is valid but the native runtime does not implement it."""
 
 
-def _operand_strides(plan: LinearPlan, opd, input_shape: tuple[int, ...]) -> list[int]:
+def _operand_strides(plan: LinearPlan, opd, input_shape: tuple[int, ...], shape=None) -> list[int]:
     """Element strides of ``opd`` (input ``pos`` seen through its reshapes/broadcasts),
-    broadcast to the output's shape; raises Unsupported when a reshape would copy."""
+    broadcast to ``shape`` (the output's); raises Unsupported when a reshape would copy."""
     x = np.empty(input_shape, dtype=np.float32)
-    v = np.broadcast_to(opd.view(x), plan.shape)
+    v = np.broadcast_to(opd.view(x), plan.shape if shape is None else shape)
     if not np.shares_memory(v, x) and x.size > 0:
         raise Unsupported("epilogue operand reshape is not a view")
     if v.__array_interface__["data"][0] != x.__array_interface__["data"][0]:
@@ -140,8 +143,16 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     stores = {t: [k for k, tt in enumerate(taps) if tt == t and k != main] for t in range(len(plan.epilogue) + 1)}
     chained = sorted({st.operand.chain for st in plan.epilogue if st.operand is not None and st.operand.chain >= 0})
     slot = {k: i for i, k in enumerate(chained)}
-    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot))
+    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot) + (plan.a_scale is not None))
     zeros = [0] * len(shape)
+    if plan.a_scale is not None:  # kind 7: the input's scale (Note [Scaled inputs])
+        if plan.op is not Op.CONV or len(shape) != 4:
+            raise Unsupported("an input scale on a 2-D convolution only")
+        opd = plan.a_scale
+        strides = _operand_strides(plan, opd, tuple(input_shapes[opd.pos]), plan.a_shape)
+        if strides[2:] != [0, 0]:
+            raise Unsupported("an input scale that varies over pixels")
+        code += [OP_CODES[Op.MUL], 7, 1, opd.pos, 0, *strides]
 
     def store(k: int) -> list[int]:  # output k := the value, or its pool (Note [Pooled taps])
         if k in pooled:
@@ -170,7 +181,9 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
 
 
 def plan_of(kgraph: Graph) -> LinearPlan | None:
-    return match_linear(kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY, pools=True)
+    return match_linear(
+        kgraph, frozenset({Op.MATMUL, Op.CONV}), taps=True, rejoin=True, unary=NATIVE_UNARY, pools=True, prologue=True
+    )
 
 
 class NativeLinearKernel(RuntimeKernel):
