@@ -498,3 +498,33 @@ def test_scaled_input(case, tmp_path):
     (want,) = evaluate(kg, {**feeds, **consts}).values()
     (got,) = k([feeds[name] if name in feeds else consts[name] for name in kg.inputs])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("gate", ["sigmoid", "hardsigmoid"])
+@pytest.mark.parametrize("hw", [28, 7], ids=["weights", "input"])
+def test_scale_made_in_the_kernel(gate, hw, tmp_path):
+    """Note [Scaled inputs]: the excitation's gate (a sigmoid; HardSigmoid's affine map
+    and clamp) applied to the fc output inside the projection's kernel
+    (``LinearPlan.a_scale_chain``), the weights or the input scaled; against the numpy
+    reference (1e-4)."""
+    b = GraphBuilder()
+    x = b.input("x", (1, 64, hw, hw), "float32")
+    fc = b.input("fc", (1, 64, 1, 1), "float32")
+    s = b.unary(Op.SIGMOID, fc) if gate == "sigmoid" else _hard_sigmoid(b, fc)
+    xs = b.add(Op.MUL, [x, b.add(Op.BROADCAST, [s], shape=(1, 64, hw, hw))])
+    y = b.add(
+        Op.CONV,
+        [xs, b.const(randn(24, 64, 1, 1), name="w")],
+        strides=(1, 1),
+        dilations=(1, 1),
+        pads=(0, 0, 0, 0),
+        group=1,
+    )
+    b.output("y", b.binary(Op.ADD, y, b.reshape(b.const(randn(24), name="bias"), (24, 1, 1))))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.a_scale is not None
+    assert [st.op for st in plan.a_scale_chain] == (
+        [Op.SIGMOID] if gate == "sigmoid" else [Op.MUL, Op.ADD, Op.MAX, Op.MIN]
+    )
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)

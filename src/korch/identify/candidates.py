@@ -119,16 +119,24 @@ class _Rules:
 
 
 def _prologue(graph: Graph, conv, local: dict[int, int]) -> int:
-    """The conv's input as a MUL and the BROADCAST/RESHAPE nodes before its operands,
-    as bits of the local DAG (0 if its input is no MUL in it)."""
+    """The conv's input as a MUL, the BROADCAST/RESHAPE nodes before its operands, and
+    before those the elementwise steps of one input that make a smaller operand (the
+    scale's sigmoid), as bits of the local DAG (0 if its input is no MUL in it)."""
     mul = conv.inputs[0]
-    if mul not in local or graph.nodes[mul].op is not Op.MUL:
+    nodes = graph.nodes
+    if mul not in local or nodes[mul].op is not Op.MUL:
         return 0
     bits_ = 1 << local[mul]
-    for s in graph.nodes[mul].inputs:
-        while s in local and graph.nodes[s].op in _SIDE:
+    for s in nodes[mul].inputs:
+        while s in local and nodes[s].op in _SIDE:
             bits_ |= 1 << local[s]
-            s = graph.nodes[s].inputs[0]
+            s = nodes[s].inputs[0]
+        while s in local and nodes[s].op in GroupOp.ELEMENTWISE and nodes[s].shape != nodes[mul].shape:
+            rest = [i for i in nodes[s].inputs if not nodes[i].is_scalar_const]
+            if len(rest) != 1:
+                break
+            bits_ |= 1 << local[s]
+            s = rest[0]
     return bits_
 
 

@@ -66,6 +66,17 @@ class EpilogueStep:
     operand: Operand | None = None  # None for unary ops
     value_left: bool = True  # whether the chain's value is the left operand
 
+    def to_json(self) -> dict:
+        return {
+            "op": self.op.value,
+            "operand": self.operand.to_json() if self.operand else None,
+            "value_left": self.value_left,
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> EpilogueStep:
+        return EpilogueStep(Op(d["op"]), Operand.from_json(d["operand"]) if d["operand"] else None, d["value_left"])
+
 
 @dataclasses.dataclass(frozen=True)
 class LinearPlan:
@@ -92,6 +103,9 @@ class LinearPlan:
     # operand, one number per image and channel (squeeze-and-excitation's scale; the
     # native runtime's Note [Scaled inputs])
     a_scale: Operand | None = None
+    # the unary and scalar steps that make the scale from that input (a sigmoid, a
+    # HardSigmoid's affine map and clamp), in order
+    a_scale_chain: tuple[EpilogueStep, ...] = ()
 
     def out_shapes(self) -> list[tuple[int, ...]]:
         """The shape of each output (``taps`` or the one chain end)."""
@@ -111,13 +125,11 @@ class LinearPlan:
             "shape": list(self.shape),
             "dtype": self.dtype,
             "input_names": list(self.input_names),
-            "epilogue": [
-                {"op": s.op.value, "operand": s.operand.to_json() if s.operand else None, "value_left": s.value_left}
-                for s in self.epilogue
-            ],
+            "epilogue": [s.to_json() for s in self.epilogue],
             "taps": list(self.taps),
             "pools": [[k, d, list(shape)] for k, d, shape in self.pools],
             "a_scale": self.a_scale.to_json() if self.a_scale else None,
+            "a_scale_chain": [s.to_json() for s in self.a_scale_chain],
         }
 
     @staticmethod
@@ -131,14 +143,12 @@ class LinearPlan:
             {k: tuple(v) if isinstance(v, list) else v for k, v in d["attrs"].items()},
             tuple(d["shape"]),
             d["dtype"],
-            tuple(
-                EpilogueStep(Op(s["op"]), Operand.from_json(s["operand"]) if s["operand"] else None, s["value_left"])
-                for s in d["epilogue"]
-            ),
+            tuple(EpilogueStep.from_json(s) for s in d["epilogue"]),
             tuple(d["input_names"]),
             tuple(d.get("taps", ())),
             tuple((k, div, tuple(shape)) for k, div, shape in d.get("pools", ())),
             Operand.from_json(d["a_scale"]) if d.get("a_scale") else None,
+            tuple(EpilogueStep.from_json(s) for s in d.get("a_scale_chain", ())),
         )
 
 
@@ -190,12 +200,12 @@ def match_linear(
 
     a, b = lnode.inputs
     used = {lid}
-    a_scale = None
+    a_scale, scale_chain = None, ()
     if prologue and lnode.op is Op.CONV and len(lnode.shape) == 4 and nodes[a].op is Op.MUL and len(users[a]) == 1:
-        found = _input_scale(nodes, a, operand)
+        found = _input_scale(nodes, a, positions, unary)
         if found is None:
             return None
-        a, a_scale, members = found
+        a, a_scale, scale_chain, members = found
         used.update(members)
     if any(nodes[i].op is not Op.INPUT or nodes[i].dtype != dtype for i in (a, b)):
         return None
@@ -279,24 +289,39 @@ def match_linear(
         tap_steps,
         tuple((k, pooled[o][1], nodes[o].shape) for k, o in enumerate(out_ids) if o in pooled),
         a_scale,
+        scale_chain,
     )
 
 
-def _input_scale(nodes, mul: int, operand) -> tuple[int, Operand, list[int]] | None:
-    """The conv input ``mul`` as INPUT x times an input seen through RESHAPE/BROADCAST
-    (whether it varies only by image and channel is the backend's check); (x, that
-    operand, the nodes)."""
+def _input_scale(nodes, mul: int, positions: dict, unary) -> tuple[int, Operand, tuple, list[int]] | None:
+    """The conv input ``mul`` as INPUT x times an input made by unary and scalar steps
+    and seen through RESHAPE/BROADCAST (whether it varies only by image and channel is
+    the backend's check); (x, that operand, the steps in order, the nodes)."""
     for x, s in (nodes[mul].inputs, reversed(nodes[mul].inputs)):
         if nodes[x].op is not Op.INPUT or nodes[x].shape != nodes[mul].shape:
             continue
-        opd = operand(s)
-        if opd is None or opd.pos < 0:
-            continue
-        members = [mul]
+        members, views, steps = [mul], [], []
         while nodes[s].op in (Op.RESHAPE, Op.BROADCAST):
+            views.append(("reshape" if nodes[s].op is Op.RESHAPE else "broadcast", nodes[s].shape))
             members.append(s)
             s = nodes[s].inputs[0]
-        return x, opd, members
+        while nodes[s].op is not Op.INPUT:
+            node = nodes[s]
+            if node.op in unary:
+                steps.append(EpilogueStep(node.op))
+                nxt = node.inputs[0]
+            elif node.op in EPILOGUE_BINARY and any(nodes[i].is_scalar_const for i in node.inputs):
+                left = nodes[node.inputs[1]].is_scalar_const
+                nxt, c = node.inputs if left else reversed(node.inputs)
+                steps.append(EpilogueStep(node.op, Operand(scalar=float(nodes[c].attr("value"))), left))
+            else:
+                break
+            members.append(s)
+            s = nxt
+        if nodes[s].op is not Op.INPUT or nodes[s].dtype != nodes[x].dtype:
+            continue
+        opd = Operand(pos=positions[s], name=nodes[s].attr("name"), steps=tuple(reversed(views)))
+        return x, opd, tuple(reversed(steps)), members
     return None
 
 

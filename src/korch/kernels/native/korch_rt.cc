@@ -238,7 +238,8 @@ enum Code : int64_t {
 struct Step {
   // kind 0 unary, 1 scalar, 2 tensor operand (input pos), 3 store (output pos), 4 save
   // (to slot pos), 5 saved operand (slot pos), 6 pool (output pos: Note [Pooled taps]),
-  // 7 the conv input's scale (input pos, strides over the input: Note [Scaled inputs])
+  // 7 the conv input's scale (input pos, strides over the input: Note [Scaled inputs]),
+  // 8 a step making that scale (pos 0 unary, 1 scalar)
   int64_t op, kind, left, pos;
   float scalar;
   std::vector<int64_t> strides;  // tensor operand: element strides over the output's dims
@@ -286,6 +287,11 @@ inline float sum_floats(const float* __restrict v, int64_t n) {
 #endif
   for (; j < n; ++j) s += v[j];
   return s;
+}
+
+// y = x * s over n floats (restrict: vectorized, no alias check)
+inline void scale_row(const float* __restrict x, float* __restrict y, int64_t n, float s) {
+  for (int64_t j = 0; j < n; ++j) y[j] = x[j] * s;
 }
 
 inline float bin(int64_t op, float v, float o, bool left) {
@@ -604,31 +610,43 @@ struct Linear {
   // * s[k], one image only; repacked this call), 24 x 144 numbers there against
   // 144 x 3136, or else a copy of the input.
   int64_t a_scale = -1, as_n = 0, as_c = 0;  // the scale's input pos and strides (image, channel)
-  mutable std::vector<float> scaled;         // this call's scaled weights or input
+  std::vector<Step> scale_chain;             // the steps making the scale from it (a sigmoid, say)
+  mutable std::vector<float> scaled, scale;  // this call's scaled weights or input; its scale
 
   void scale_input(void** p) const {
     const float* S = static_cast<const float*>(p[a_scale]);
+    int64_t sn = as_n, sc = as_c;
+    if (!scale_chain.empty()) {  // the scale made first: n x c numbers
+      scale.resize((size_t)(n * c));
+      for (int64_t t = 0; t < n * c; ++t) scale[(size_t)t] = S[(t / c) * as_n + (t % c) * as_c];
+      for (const Step& st : scale_chain) {
+        if (st.pos == 0) unary(st.op, scale.data(), n * c);
+        else binary(st.op, scale.data(), n * c, &st.scalar, 0, st.left != 0);
+      }
+      S = scale.data(), sn = c, sc = 1;
+    }
     const int64_t cig = c / group, cog = co / group, taps = kh * kw, HW = h * w;
     if (n == 1 && 3 * co * cig * taps <= 2 * c * HW) {  // reading, scaling and packing the weights
       const float* W = static_cast<const float*>(p[b]);
       scaled.resize((size_t)(co * cig * taps));
       for (int64_t o = 0; o < co; ++o)
         for (int64_t k = 0; k < cig; ++k) {
-          const float sc = S[((o / cog) * cig + k) * as_c];
+          const float s = S[((o / cog) * cig + k) * sc];
           const int64_t at = (o * cig + k) * taps;
-          for (int64_t t = 0; t < taps; ++t) scaled[(size_t)(at + t)] = W[at + t] * sc;
+          for (int64_t t = 0; t < taps; ++t) scaled[(size_t)(at + t)] = W[at + t] * s;
         }
       p[b] = scaled.data();
       std::lock_guard<std::mutex> lock(pack_mu);
       packed_from = nullptr;  // packed again, from this call's weights
       return;
     }
-    scaled.resize((size_t)(n * c * HW));
+    scaled.resize((size_t)(n * c * HW + 16));
     const float* X = static_cast<const float*>(p[a]);
-    float* Xs = scaled.data();
-    parallel_for(n * c, n * c * HW < 65536 ? 1 : threads(), [&](int64_t t) {
-      const float sc = S[(t / c) * as_n + (t % c) * as_c];
-      for (int64_t j = 0; j < HW; ++j) Xs[t * HW + j] = X[t * HW + j] * sc;
+    float* Xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scaled.data()) + 63) & ~uintptr_t(63));
+    const int T = n * c * HW < 16384 ? 1 : threads();  // a task a thread: a claim is an atomic
+    parallel_for(T, T, [&](int64_t part) {
+      for (int64_t t = n * c * part / T; t < n * c * (part + 1) / T; ++t)
+        scale_row(X + t * HW, Xs + t * HW, HW, S[(t / c) * sn + (t % c) * sc]);
     });
     p[a] = Xs;
   }
@@ -1874,8 +1892,12 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
         (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
         (st.kind == 6 && (st.pos < 0 || st.pos >= k->nout || st.pos == k->main || k->op != 1 || D != 4 || st.scalar == 0.0f)) ||
         (st.kind == 7 && (st.pos < 0 || st.pos >= k->nin || k->op != 1 || D != 4 || st.strides[2] || st.strides[3])) ||
-        st.kind < 0 || st.kind > 7)
+        (st.kind == 8 && (k->a_scale < 0 || (st.pos != 0 && st.pos != 1))) || st.kind < 0 || st.kind > 8)
       r.ok = false;
+    if (r.ok && st.kind == 8) {  // Note [Scaled inputs]: made before it scales
+      k->scale_chain.push_back(st);
+      continue;
+    }
     if (r.ok && st.kind == 7) {  // Note [Scaled inputs]: not a step of the epilogue
       k->a_scale = st.pos, k->as_n = st.strides[0], k->as_c = st.strides[1];
       continue;

@@ -16,10 +16,11 @@ A kernel is described to C++ by an int64 code (``encode``), read by
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
     conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
     n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store, 4 save,
-            5 saved, 6 pool, 7 input scale), value left, input pos (output pos for a
-            store or a pool, slot for a save and a saved operand), the scalar (a pool's
-            divisor) as float64 bits, element strides of the operand over the out
-            dims[D] (an input scale's over the conv input's)
+            5 saved, 6 pool, 7 input scale, 8 a step making the scale), value left,
+            input pos (output pos for a store or a pool, slot for a save and a saved
+            operand; 0/1 unary/scalar for kind 8), the scalar (a pool's divisor) as
+            float64 bits, element strides of the operand over the out dims[D] (an input
+            scale's over the conv input's)
 
 The linear result goes to the main output (the chain's end) and the chain runs there;
 a kernel with more outputs (``LinearPlan.taps``: GELU's pre-activation beside its
@@ -143,7 +144,8 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     stores = {t: [k for k, tt in enumerate(taps) if tt == t and k != main] for t in range(len(plan.epilogue) + 1)}
     chained = sorted({st.operand.chain for st in plan.epilogue if st.operand is not None and st.operand.chain >= 0})
     slot = {k: i for i, k in enumerate(chained)}
-    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot) + (plan.a_scale is not None))
+    prologue = (plan.a_scale is not None) + len(plan.a_scale_chain)
+    code.append(len(plan.epilogue) + sum(len(v) for v in stores.values()) + len(slot) + prologue)
     zeros = [0] * len(shape)
     if plan.a_scale is not None:  # kind 7: the input's scale (Note [Scaled inputs])
         if plan.op is not Op.CONV or len(shape) != 4:
@@ -153,6 +155,12 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
         if strides[2:] != [0, 0]:
             raise Unsupported("an input scale that varies over pixels")
         code += [OP_CODES[Op.MUL], 7, 1, opd.pos, 0, *strides]
+        for st in plan.a_scale_chain:  # kind 8: a step making the scale (pos 0 unary, 1 scalar)
+            if st.op not in OP_CODES:
+                raise Unsupported(f"input scale step {st.op}")
+            scalar = st.operand.scalar if st.operand is not None else None
+            bits = 0 if scalar is None else int(np.array(scalar, dtype=np.float64).view(np.int64))
+            code += [OP_CODES[st.op], 8, int(st.value_left), int(scalar is not None), bits, *zeros]
 
     def store(k: int) -> list[int]:  # output k := the value, or its pool (Note [Pooled taps])
         if k in pooled:
