@@ -255,4 +255,5 @@ def test_bench_openvino_peer_at_fp32_over_two_process_sets(optimized):
     for engine in ("korch", "ort", "ov"):
         t = row["timing"][engine]
         assert t["processes"] == 2 and len(t["process_ms"]) == 2
-        assert sorted(t["process_ms"])[0] <= t["median_ms"] <= sorted(t["process_ms"])[1]
+        lo, hi = sorted(t["process_ms"])
+        assert lo - 5e-5 <= t["median_ms"] <= hi + 5e-5  # the median is rounded to 4 decimals

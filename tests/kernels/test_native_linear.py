@@ -255,9 +255,10 @@ def test_epilogue_rows(operand, tmp_path):
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
 
 
-def _conv_bias(b, conv):
-    """x -> Conv (unit strides) -> + a per-channel bias; the value and its channels"""
-    x = b.input("x", conv["x"], "float32")
+def _conv_bias(b, conv, x=None):
+    """x (an input, or the node given) -> Conv (unit strides) -> + a per-channel bias;
+    the value and its channels"""
+    x = b.input("x", conv["x"], "float32") if x is None else x
     co = conv["w"][0]
     y = b.add(
         Op.CONV,
@@ -476,17 +477,7 @@ def test_scaled_input(case, tmp_path):
     n, c, h, w = case["x"]
     x = b.input("x", case["x"], "float32")
     s = b.input("s", (n, c, 1, 1), "float32")
-    xs = b.add(Op.MUL, [x, b.add(Op.BROADCAST, [s], shape=case["x"])])
-    y = b.add(
-        Op.CONV,
-        [xs, b.const(randn(*case["w"]), name="w")],
-        strides=(1, 1),
-        dilations=(1, 1),
-        pads=case["pads"],
-        group=case["group"],
-    )
-    co = case["w"][0]
-    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    y, co = _conv_bias(b, case, b.add(Op.MUL, [x, b.add(Op.BROADCAST, [s], shape=case["x"])]))
     b.output("y", b.binary(Op.ADD, y, b.input("r", (n, co, h, w), "float32")))
     kg, consts = kernel_of(b.graph)
     plan = plan_of(kg)
@@ -512,15 +503,8 @@ def test_scale_made_in_the_kernel(gate, hw, tmp_path):
     fc = b.input("fc", (1, 64, 1, 1), "float32")
     s = b.unary(Op.SIGMOID, fc) if gate == "sigmoid" else _hard_sigmoid(b, fc)
     xs = b.add(Op.MUL, [x, b.add(Op.BROADCAST, [s], shape=(1, 64, hw, hw))])
-    y = b.add(
-        Op.CONV,
-        [xs, b.const(randn(24, 64, 1, 1), name="w")],
-        strides=(1, 1),
-        dilations=(1, 1),
-        pads=(0, 0, 0, 0),
-        group=1,
-    )
-    b.output("y", b.binary(Op.ADD, y, b.reshape(b.const(randn(24), name="bias"), (24, 1, 1))))
+    y, _ = _conv_bias(b, dict(x=(1, 64, hw, hw), w=(24, 64, 1, 1), group=1, pads=(0, 0, 0, 0)), xs)
+    b.output("y", y)
     kg, consts = kernel_of(b.graph)
     plan = plan_of(kg)
     assert plan is not None and plan.a_scale is not None

@@ -15,7 +15,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import korch
-from korch.config import Settings
 from korch.ir import Op
 
 
@@ -54,20 +53,9 @@ def _se_block(c: int = 48, hw: int = 28, squeeze: int = 12, out: int = 24):
 
 
 @pytest.mark.parametrize("hw", [28, 7])
-def test_pool_and_scale_run_inside_the_convs(hw, tmp_path):
+def test_pool_and_scale_run_inside_the_convs(hw, tmp_path, quick_settings):
     """At 28 x 28 the projection scales its 48 x 24 weights; at 7 x 7 its input."""
-    settings = Settings(
-        db_path=str(tmp_path / "db"),
-        progress=False,
-        warmup=1,
-        repeat=5,
-        min_repeat_ms=0.5,
-        num_threads=2,
-        library_regions=0,
-        region_bias=(),
-        whole_plans=False,
-        choose_threads=False,
-    )
+    settings = quick_settings(num_threads=2, library_regions=0, region_bias=(), whole_plans=False, choose_threads=False)
     model = korch.optimize(_se_block(hw=hw), output_dir=tmp_path / "out", settings=settings)
     assert model.report["max_rel_error"] <= 1e-4, model.report
     g = model.graph

@@ -422,10 +422,8 @@ struct Linear {
   void plan_rows() {
     const int64_t D = (int64_t)oshape.size();
     int64_t d = D - 1, L = oshape[(size_t)(D - 1)];
-    bool pooled = false;
-    for (const Step& s : epi) pooled |= s.kind == 6;
     for (; d > 0; --d) {
-      if (pooled && d <= 2) break;  // Note [Pooled taps]: a row within one channel plane
+      if (pools && d <= 2) break;  // Note [Pooled taps]: a row within one channel plane
       bool ok = true;
       for (const Step& s : epi)
         if (s.kind == 2 && s.strides[(size_t)(d - 1)] != s.strides[(size_t)d] * oshape[(size_t)d]) ok = false;
