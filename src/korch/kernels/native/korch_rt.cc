@@ -1109,13 +1109,16 @@ struct Linear {
   // Note [Channel-blocked depthwise] on sixteen channels (AVX-512): the plane is
   // [row][col][16], the transposes 16 x 16 in zmm (korch_gemm::transpose16), the ragged
   // ends of rows through masked loads and stores, twelve pixels in flight, a row's
-  // pixels addressed from one pointer. At unit stride only: on an Intel Xeon core (two
-  // 512-bit FMA pipes) it took benchmarks/native_linear.py's stride-1 cases from 141-145
-  // to 129-131 us (96 channels, 56 x 56), 46 to 37 (5x5, 576 channels, 7 x 7), 40-41 to
-  // 34-37 (88 channels, 28 x 28) on two threads; its stride-2 cases were 5-12% slower
-  // than eight channels (fewer blocks to share, lanes idle past 72 channels), so they
-  // keep eight. efficientnet_b0's depthwise convs with SiLU still ran at 0.7x of
-  // onnxruntime's in place, which keeps NCHWc between convs and transposes nothing.
+  // pixels addressed from one pointer. On an Intel Xeon core (two 512-bit FMA pipes) it
+  // took benchmarks/native_linear.py's stride-1 cases from 141-145 to 129-131 us (96
+  // channels, 56 x 56), 46 to 37 (5x5, 576 channels, 7 x 7), 40-41 to 34-37 (88
+  // channels, 28 x 28) on two threads. Its stride-2 cases were first 5-12% slower than
+  // eight channels and kept eight; once the sixteen-lane exp took one vscalefps, SiLU
+  // after a stride-2 conv ran 10% faster on sixteen (96 channels, 112 x 112: 323-325 ->
+  // 287-295 us; 5x5 288 channels, 14 x 14: 28 -> 25 us; without an activation the
+  // same), so every stride takes sixteen. efficientnet_b0's depthwise convs with SiLU
+  // still ran at 0.7x of onnxruntime's in place, which keeps NCHWc between convs and
+  // transposes nothing.
   static constexpr int64_t DW16_PIXELS = 12;
 
   const float* pack_depthwise16(const float* W) const {
@@ -1662,16 +1665,15 @@ struct Linear {
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
     if (cig == 1 && cog == 1 && blocked_depthwise()) {  // Note [Channel-blocked depthwise]
 #if defined(__AVX2__) && defined(__FMA__)
-      // channels a block: sixteen at unit stride (Note [Channel-blocked depthwise] on
+      // channels a block: sixteen with AVX-512 (Note [Channel-blocked depthwise] on
       // sixteen channels), else eight
 #if defined(__AVX512F__)
-      const bool wide = sw == 1;
-      const float* Wb = wide ? pack_depthwise16(W) : pack_depthwise(W);
+      const float* Wb = pack_depthwise16(W);
+      constexpr int64_t DL = 16;
 #else
-      const bool wide = false;
       const float* Wb = pack_depthwise(W);
+      constexpr int64_t DL = 8;
 #endif
-      const int64_t DL = wide ? 16 : 8;
       const int64_t cb = (co + DL - 1) / DL, rows = dw_band_rows(), bands = (ho + rows - 1) / rows;
       std::vector<float> bias_buf;
       const korch_gemm::Post post = post_for(ptrs, bias_buf);
@@ -1686,11 +1688,7 @@ struct Linear {
           q.bias = bb;
         }
 #if defined(__AVX512F__)
-        if (wide) {
-          depthwise_blocked16(X, Wb, Y, ni, c0, oy0, oy1, post_steps ? &q : nullptr);
-        } else {
-          depthwise_blocked(X, Wb, Y, ni, c0, oy0, oy1, post_steps ? &q : nullptr);
-        }
+        depthwise_blocked16(X, Wb, Y, ni, c0, oy0, oy1, post_steps ? &q : nullptr);
 #else
         depthwise_blocked(X, Wb, Y, ni, c0, oy0, oy1, post_steps ? &q : nullptr);
 #endif
