@@ -401,14 +401,11 @@ def test_matmul_register_post_ops(shapes, act, tmp_path):
 @pytest.mark.parametrize(
     "conv",
     [
-        dict(x=(1, 40, 30, 30), w=(40, 1, 3, 3), group=40, pads=(1, 1, 1, 1)),  # depthwise, 16 lanes on AVX-512
-        dict(x=(2, 20, 15, 15), w=(20, 1, 5, 5), group=20, pads=(2, 2, 2, 2)),  # depthwise, two images
-        dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, pads=(0, 0, 0, 0)),  # flat pointwise
-        dict(x=(2, 16, 20, 20), w=(24, 16, 1, 1), group=1, pads=(0, 0, 0, 0)),  # pointwise rows
-        dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, pads=(1, 1, 1, 1)),  # direct
-        dict(x=(1, 32, 12, 12), w=(32, 8, 3, 3), group=4, pads=(1, 1, 1, 1)),  # grouped (RegNetY's SE)
+        dict(x=(1, 40, 30, 30), w=(40, 1, 3, 3), group=40, pads=(1, 1, 1, 1)),  # 16 lanes on AVX-512
+        dict(x=(2, 20, 15, 15), w=(20, 1, 5, 5), group=20, pads=(2, 2, 2, 2)),  # two images
+        dict(x=(1, 8, 13, 11), w=(8, 1, 3, 3), group=8, pads=(0, 1, 2, 1)),  # ragged pads
     ],
-    ids=["depthwise", "depthwise_batch2", "flat_1x1_7x7", "pointwise", "direct_3x3", "grouped"],
+    ids=["depthwise", "depthwise_batch2", "depthwise_pads"],
 )
 def test_pooled_taps(conv, act, tmp_path):
     """Note [Pooled taps]: squeeze-and-excitation's shape, a conv + bias + activation
@@ -427,8 +424,35 @@ def test_pooled_taps(conv, act, tmp_path):
     plan = plan_of(kg)
     assert plan is not None
     assert sorted((d, plan.taps[k]) for k, d, _ in plan.pools) == [(1.0, 1), (float(h * w), len(plan.epilogue))]
-    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    feeds = feeds_for(kg, consts)
+    k = run_and_compare("native", kg, consts, feeds, tmp_path)
     assert k.n_outputs == 3
+    # each plane one task: its sums in one order, the same bits every call
+    args = [feeds[n] if n in feeds else consts[n] for n in kg.inputs]
+    first = k(args)
+    assert all(all(np.array_equal(a, b) for a, b in zip(k(args), first)) for _ in range(20))
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, pads=(0, 0, 0, 0)),
+        dict(x=(1, 32, 12, 12), w=(32, 8, 3, 3), group=4, pads=(1, 1, 1, 1)),  # grouped (RegNetY's SE)
+    ],
+    ids=["pointwise", "grouped"],
+)
+def test_pools_only_on_depthwise_convs(conv):
+    """Other conv paths split a plane over tasks, whose sums would meet in any order
+    (Note [Pooled taps]): the plan matches, the native backend declines it."""
+    b = GraphBuilder()
+    y, _ = _conv_bias(b, conv)
+    b.output("y", y)
+    b.output("m", b.reduce(Op.REDUCE_SUM, y, (2, 3)))
+    kg, _ = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.pools
+    with pytest.raises(Unsupported, match="depthwise"):
+        encode(plan, [tuple(kg.nodes[i].shape) for i in kg.inputs.values()])
 
 
 def test_a_pool_over_other_axes_is_not_a_tap():
@@ -443,10 +467,11 @@ def test_a_pool_over_other_axes_is_not_a_tap():
 
 @pytest.mark.parametrize("divided", [True, False])
 def test_only_pooled(divided, tmp_path):
-    """A classifier head's conv + bias + SiLU read only by its global average pool (and
-    the flatten after it): the conv's value goes to scratch, the pool is the one output."""
+    """A conv + bias + SiLU read only by its global average pool and the flatten after
+    it (a classifier head's shape): the conv's value goes to scratch, the pool is the
+    one output."""
     b = GraphBuilder()
-    y, co = _conv_bias(b, dict(x=(1, 48, 7, 7), w=(64, 48, 1, 1), group=1, pads=(0, 0, 0, 0)))
+    y, co = _conv_bias(b, dict(x=(1, 48, 7, 7), w=(48, 1, 5, 5), group=48, pads=(2, 2, 2, 2)))
     y = POST_ACTS["silu"][0](b, y)
     s = b.reduce(Op.REDUCE_SUM, y, (2, 3))
     b.output("pooled", b.reshape(b.binary(Op.DIV, s, b.scalar(49.0, s)) if divided else s, (1, co)))

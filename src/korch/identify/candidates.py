@@ -31,7 +31,7 @@ epilogue; the fallback for opaque primitives) handle:
   prologue) and every other member is either an elementwise/broadcast epilogue
   reached from L (bias add, activation, residual) or a BROADCAST/RESHAPE "side
   operand" not connected to L's inputs, e.g. the bias reshaped and broadcast to the
-  output shape. A 2-D CONV's epilogue may also pool: a REDUCE_SUM over its two
+  output shape. A depthwise CONV's epilogue may also pool: a REDUCE_SUM over its two
   spatial axes, and the DIV and RESHAPE after it (squeeze-and-excitation's global
   average pool, which the native runtime sums while the epilogue's rows are in
   cache: Note [Pooled taps] in korch_rt.cc), and its input may be a MUL by a
@@ -85,7 +85,10 @@ class _Rules:
             local = {g: i for i, g in enumerate(dag.nodes)}
             for i in bits(self.linear):
                 conv = ops[i] is Op.CONV and len(nodes[i].shape) == 4
-                beside = epilogue | (pool if conv else 0)
+                depthwise = (
+                    conv and nodes[i].attr("group") == graph.nodes[nodes[i].inputs[0]].shape[1] == nodes[i].shape[1]
+                )
+                beside = epilogue | (pool if depthwise else 0)
                 self.allowed_with[1 << i] = (
                     (desc[i] & beside)
                     | (side & ~desc[i] & ~anc[i])

@@ -249,11 +249,14 @@ struct Step {
 // ~~~~~~~~~~~~~~~~~~
 // A convolution's kernel may also output the mean of a chain value over each channel
 // plane (N x C values): squeeze-and-excitation pools the activation a depthwise conv
-// just wrote (efficientnet_b0, MobileNetV3, RegNetY). As a kernel of its own that pool
+// just wrote (efficientnet_b0, MobileNetV3). As a kernel of its own that pool
 // re-read the plane from memory, often from the other core's cache (144 x 56 x 56:
 // 80 us alone, 159 us in place). A pool step sums each epilogue chunk while it is in
-// L1 and adds the sum to its channel's total (an atomic add: two threads' bands of
-// rows can share a channel); the run zeroes the totals before and divides them after.
+// L1 and adds the sum to its channel's total; the run zeroes the totals before and
+// divides them after. Depthwise convs only, each plane one task (one band of rows):
+// with bands split over threads the sums met in whatever order the tasks ran, and the
+// same inputs gave means differing in the last bits from call to call (196 of 200
+// calls on 144 x 56 x 56). The add stays atomic for safety; it has one writer.
 // Rows never cross a channel plane where a kernel pools (plan_rows). Where nothing
 // but the pools reads the chain (a classifier head's conv, activation and global
 // pool), the conv's value goes to scratch: the main output is then nout, past the
@@ -1674,7 +1677,9 @@ struct Linear {
       const float* Wb = pack_depthwise(W);
       constexpr int64_t DL = 8;
 #endif
-      const int64_t cb = (co + DL - 1) / DL, rows = dw_band_rows(), bands = (ho + rows - 1) / rows;
+      // Note [Pooled taps]: one task a plane where the kernel pools, so that its sums
+      // add up in one order
+      const int64_t cb = (co + DL - 1) / DL, rows = pools ? ho : dw_band_rows(), bands = (ho + rows - 1) / rows;
       std::vector<float> bias_buf;
       const korch_gemm::Post post = post_for(ptrs, bias_buf);
       parallel_for(n * cb * bands, T, [&](int64_t t) {
@@ -1886,7 +1891,8 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
     if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)) ||
         (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
-        (st.kind == 6 && (st.pos < 0 || st.pos >= k->nout || st.pos == k->main || k->op != 1 || D != 4 || st.scalar == 0.0f)) ||
+        (st.kind == 6 && (st.pos < 0 || st.pos >= k->nout || st.pos == k->main || k->op != 1 || D != 4 || st.scalar == 0.0f ||
+                          k->group != k->c || k->co != k->c)) ||
         (st.kind == 7 && (st.pos < 0 || st.pos >= k->nin || k->op != 1 || D != 4 || st.strides[2] || st.strides[3])) ||
         (st.kind == 8 && (k->a_scale < 0 || (st.pos != 0 && st.pos != 1))) || st.kind < 0 || st.kind > 8)
       r.ok = false;

@@ -95,8 +95,9 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
     shape = tuple(int(s) for s in plan.shape)
     taps = plan.taps or (len(plan.epilogue),)
     pooled = {k: divisor for k, divisor, _ in plan.pools}
-    if pooled and (plan.op is not Op.CONV or len(shape) != 4):
-        raise Unsupported("pooled outputs of a 2-D convolution only")
+    depthwise = plan.op is Op.CONV and plan.attrs.get("group") == plan.a_shape[1] == shape[1]
+    if pooled and (not depthwise or len(shape) != 4):
+        raise Unsupported("pooled outputs of a 2-D depthwise convolution only (Note [Pooled taps])")
     ends = [k for k, t in enumerate(taps) if t == len(plan.epilogue) and k not in pooled]
     if not ends and not pooled:
         raise Unsupported("no output at the chain's end")
