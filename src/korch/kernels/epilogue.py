@@ -220,10 +220,11 @@ def match_linear(
         out_id = None  # the chain ends where nothing reads it further (its one output may be a pool)
     forks: dict[int, int] = {}  # a binary node -> the earlier chain node it reads again
     pooled: dict[int, tuple[int, float]] = {}  # a pool's output node -> (its tap, divisor)
+    out_set = set(out_ids)
     while cur != out_id:
         nexts = [u for u in users[cur] if forks.get(u) != cur]
         for u in list(nexts) if can_pool else ():
-            branch = _pool_branch(nodes, users, u, set(out_ids))
+            branch = _pool_branch(nodes, users, u, out_set)
             if branch is not None:
                 end, divisor, members = branch
                 pooled[end] = (at[cur], divisor)

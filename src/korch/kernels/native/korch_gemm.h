@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstdint>
 
@@ -112,21 +113,18 @@ KORCH_INLINE __m256 exp8(__m256 x) {
 }
 
 // erf as the generated kernels compute it (korch/kernels/tvm/fastmath.py): Eigen's
-// rational approximation over [-4, 4], x p(x^2) / q(x^2); the coefficients after the
-// leading ones, for erf8 and erf16 alike; korch_rt.cc's rows use it too
-constexpr float ERF_P[] = {2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f, -7.34990630326855e-04f,
+// rational approximation over [-4, 4], x p(x^2) / q(x^2); the coefficients, highest
+// power first, for erf8 and erf16 alike; korch_rt.cc's rows use it too
+constexpr float ERF_P[] = {-2.72614225801306e-10f, 2.77068142495902e-08f, -2.10102402082508e-06f, -5.69250639462346e-05f, -7.34990630326855e-04f,
                            -2.95459980854025e-03f, -1.60960333262415e-02f};
-constexpr float ERF_Q[] = {-2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f, -1.42647390514189e-02f};
+constexpr float ERF_Q[] = {-1.45660718464996e-05f, -2.13374055278905e-04f, -1.68282697438203e-03f, -7.37332916720468e-03f, -1.42647390514189e-02f};
 KORCH_INLINE __m256 erf8(__m256 x) {
   const __m256 c = _mm256_set1_ps(4.0f);
   x = _mm256_max_ps(_mm256_min_ps(x, c), _mm256_sub_ps(_mm256_setzero_ps(), c));
   const __m256 x2 = _mm256_mul_ps(x, x);
-  __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
-  for (float k : ERF_P)
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(k));
-  __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
-  for (float k : ERF_Q)
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(k));
+  __m256 p = _mm256_set1_ps(ERF_P[0]), q = _mm256_set1_ps(ERF_Q[0]);
+  for (size_t i = 1; i < std::size(ERF_P); ++i) p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(ERF_P[i]));
+  for (size_t i = 1; i < std::size(ERF_Q); ++i) q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(ERF_Q[i]));
   return _mm256_div_ps(_mm256_mul_ps(x, p), q);
 }
 
@@ -174,12 +172,9 @@ KORCH_INLINE __m512 erf16(__m512 x) {  // erf8 on sixteen lanes
   const __m512 c = _mm512_set1_ps(4.0f);
   x = _mm512_max_ps(_mm512_min_ps(x, c), _mm512_sub_ps(_mm512_setzero_ps(), c));
   const __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(-2.72614225801306e-10f);
-  for (float k : ERF_P)
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(k));
-  __m512 q = _mm512_set1_ps(-1.45660718464996e-05f);
-  for (float k : ERF_Q)
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(k));
+  __m512 p = _mm512_set1_ps(ERF_P[0]), q = _mm512_set1_ps(ERF_Q[0]);
+  for (size_t i = 1; i < std::size(ERF_P); ++i) p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(ERF_P[i]));
+  for (size_t i = 1; i < std::size(ERF_Q); ++i) q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(ERF_Q[i]));
   return _mm512_div_ps(_mm512_mul_ps(x, p), q);
 }
 

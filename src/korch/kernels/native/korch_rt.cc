@@ -408,6 +408,7 @@ struct Linear {
   std::vector<Step> epi;
   bool pools = false;  // a step of kind 6 (Note [Pooled taps])
   mutable std::vector<float> scratch_out;  // the main output where only its pools are (main == nout)
+  mutable std::vector<void*> call_ptrs;    // conv_around's arguments, scratch_out or scaled in place
   int64_t slots = 0;  // rows of scratch the chain saves values to (kind 4) and reads back (5)
 
   // Note [Epilogue rows]
@@ -587,7 +588,8 @@ struct Linear {
   // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
   // in scratch where only they read it) or an input scale (Note [Scaled inputs])
   int conv_around(void* const* ptrs) const {
-    std::vector<void*> p(ptrs, ptrs + nin + nout);
+    std::vector<void*>& p = call_ptrs;  // reused: no allocation a call
+    p.assign(ptrs, ptrs + nin + nout);
     if (main == nout) {
       scratch_out.resize((size_t)(n * co * ho * wo));
       p.push_back(scratch_out.data());

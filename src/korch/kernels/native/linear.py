@@ -202,7 +202,8 @@ class NativeLinearKernel(RuntimeKernel):
         self._create(encode(plan, self.input_shapes))
         self.consts = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in consts.items()}
         self._const_at = {plan.input_names.index(k): v for k, v in self.consts.items() if k in plan.input_names}
-        self.n_outputs = len(plan.taps) or 1
+        self.out_shapes = plan.out_shapes()
+        self.n_outputs = len(self.out_shapes)
         self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + self.n_outputs))()
         for i, a in self._const_at.items():  # the weights' addresses never change
             self._ptrs[i] = a.ctypes.data
@@ -210,7 +211,7 @@ class NativeLinearKernel(RuntimeKernel):
 
     def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
         """(shape, dtype) of each input and output, as a segment lays them out."""
-        return [(s, "float32") for s in self.input_shapes], [(s, "float32") for s in self.plan.out_shapes()]
+        return [(s, "float32") for s in self.input_shapes], [(s, "float32") for s in self.out_shapes]
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         # (addresses by buffer_address: ``.ctypes.data`` per argument made a 2 us kernel
@@ -220,7 +221,7 @@ class NativeLinearKernel(RuntimeKernel):
             a = np.ascontiguousarray(inputs[i], dtype=np.float32)
             keep.append(a)
             self._ptrs[i] = buffer_address(a)
-        outs = [np.empty(s, dtype=np.float32) for s in self.plan.out_shapes()]
+        outs = [np.empty(s, dtype=np.float32) for s in self.out_shapes]
         for j, o in enumerate(outs):
             self._ptrs[len(inputs) + j] = buffer_address(o)
         self._run("linear kernel")
