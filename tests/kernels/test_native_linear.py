@@ -68,6 +68,12 @@ def test_matmul_split(case, tmp_path):
         # regnety's 7x7 stage: 8 channels a group, one band a group, padded inside each
         # group's task (two images)
         dict(x_shape=(2, 48, 7, 7), w_shape=(48, 8, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=6, bias=True),
+        # Note [Row depthwise]: 150 columns (a chunk of eight vectors, one of two, the last
+        # masked), three planes cut into bands; stride 2 with 5 x 5 taps, asymmetric pads,
+        # an odd width; 7 tap rows with dilated columns, two images
+        dict(x_shape=(1, 3, 40, 150), w_shape=(3, 1, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=3, relu=True),
+        dict(x_shape=(1, 5, 21, 61), w_shape=(5, 1, 5, 5), strides=(2, 2), pads=(2, 1, 2, 2), group=5, bias=True),
+        dict(x_shape=(2, 4, 12, 40), w_shape=(4, 1, 7, 3), strides=(1, 1), pads=(3, 2, 3, 2), group=4, dil=(1, 2)),
     ],
     ids=[
         "3x3_bias",
@@ -89,6 +95,9 @@ def test_matmul_split(case, tmp_path):
         "direct_grouped_wide_rows",
         "direct_stem_band_padding",
         "grouped_band_padding",
+        "row_depthwise_chunks_bands",
+        "row_depthwise_5x5_s2",
+        "row_depthwise_7_rows_dilated_columns",
     ],
 )
 def test_conv_split(case, tmp_path):
@@ -490,14 +499,16 @@ def test_only_pooled(divided, tmp_path):
         dict(x=(2, 32, 10, 10), w=(24, 32, 1, 1), group=1, pads=(0, 0, 0, 0)),  # two images: the input
         dict(x=(1, 32, 12, 12), w=(32, 8, 3, 3), group=4, pads=(1, 1, 1, 1)),  # grouped 3x3: the weights
         dict(x=(1, 3, 5, 5), w=(16, 3, 1, 1), group=1, pads=(0, 0, 0, 0)),  # few pixels
+        dict(x=(1, 40, 3, 3), w=(4, 40, 1, 1), group=1, pads=(0, 0, 0, 0)),  # a GEMV's panels: the weights
+        dict(x=(1, 16, 30, 30), w=(16, 1, 3, 3), group=16, pads=(1, 1, 1, 1)),  # depthwise: the input
     ],
-    ids=["weights", "input", "batch2", "grouped", "few_pixels"],
+    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise"],
 )
 def test_scaled_input(case, tmp_path):
     """Note [Scaled inputs]: squeeze-and-excitation's x * s[n, c] read by a conv with a
     bias and a residual, one kernel whichever of the weights or the input is scaled;
-    against the numpy reference (1e-4), called again with other scales (the weights
-    are packed again each call)."""
+    against the numpy reference (1e-4), called again with other scales (the packed
+    weights are scaled again each call)."""
     b = GraphBuilder()
     n, c, h, w = case["x"]
     x = b.input("x", case["x"], "float32")

@@ -598,6 +598,7 @@ struct Linear {
     for (const Step& s : epi)
       if (s.kind == 6) std::memset(ptrs[nin + s.pos], 0, sizeof(float) * (size_t)(n * co));
     const int rc = conv(p.data());
+    panel_scale = nullptr;
     for (const Step& s : epi)
       if (s.kind == 6)
         for (int64_t i = 0; i < n * co; ++i) static_cast<float*>(ptrs[nin + s.pos])[i] /= s.scalar;
@@ -609,18 +610,53 @@ struct Linear {
   // Squeeze-and-excitation scales each channel of a depthwise conv's output by a number
   // per image, then a 1x1 conv projects it. As a kernel of its own the scale re-read
   // and re-wrote the whole activation (efficientnet_b0: 144 x 56 x 56, 128 us in
-  // place). Folded into the conv, it scales whichever is smaller: the weights (W[o, k]
-  // * s[k], one image only; repacked this call), 24 x 144 numbers there against
-  // 144 x 3136, or else a copy of the input.
+  // place). Folded into the conv, it scales whichever is smaller: the packed weights
+  // (P[panel, k, lane] * s[k / taps], one image only; the panels packed once, the scaled
+  // copy made this call), 24 x 144 numbers there against 144 x 3136, or else a copy of
+  // the input. The weights were first scaled unpacked and packed again each call: the
+  // pack (a transpose, scalar) doubled the 672 -> 112 projection on 14 x 14 (133-144
+  // unscaled, 269 us scaled on two threads; scaling the panels, 152-154 us).
   int64_t a_scale = -1, as_n = 0, as_c = 0;  // the scale's input pos and strides (image, channel)
   std::vector<Step> scale_chain;             // the steps making the scale from it (a sigmoid, say)
-  mutable std::vector<float> scaled, scale;  // this call's scaled weights or input; its scale
+  mutable std::vector<float> scaled, scale;  // this call's scaled panels or input; its scale
+  mutable const float* panel_scale = nullptr;  // this call's scale per input channel, when on the panels
+
+  // the convs whose weights are packed panels ([panel][k][lanes], k the reduction index)
+  bool packed_weights() const {
+    return korch_gemm::available && b_const && !(c / group == 1 && co / group == 1);
+  }
+
+  // packed panels P (groups of `per` floats, [panel][K][lanes]) times panel_scale on k:
+  // the scale of input channel k / taps of the group; P itself where no scale is on
+  const float* scale_panels(const float* P, int64_t per, int64_t K, int64_t lanes) const {
+    if (!panel_scale) return P;
+    const int64_t cig = c / group, taps = K / cig, panels = per / (K * lanes);
+    scaled.resize((size_t)(per * group + 16));
+    float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scaled.data()) + 63) & ~uintptr_t(63));
+    thread_local std::vector<float> sx;  // a panel's [K][lanes] of scales: one flat product a panel
+    sx.resize((size_t)(K * lanes));
+    for (int64_t g = 0; g < group; ++g) {
+      for (int64_t k = 0; k < K; ++k) std::fill_n(sx.begin() + k * lanes, lanes, panel_scale[g * cig + k / taps]);
+      for (int64_t pn = 0; pn < panels; ++pn) {
+        const float* src = P + g * per + pn * K * lanes;
+        float* dst = out + g * per + pn * K * lanes;
+        for (int64_t i = 0; i < K * lanes; ++i) dst[i] = src[i] * sx[(size_t)i];
+      }
+    }
+    return out;
+  }
+
+  // the weights as korch_gemm's packed right operand ([Co/group, K] per group), scaled
+  const float* panels_b(const float* W) const {
+    const int64_t cog = co / group, KK = (c / group) * kh * kw;
+    return scale_panels(pack(W, group, cog * KK, KK, cog, 1, KK), korch_gemm::packed_size(KK, cog), KK, korch_gemm::NR);
+  }
 
   void scale_input(void** p) const {
     const float* S = static_cast<const float*>(p[a_scale]);
     int64_t sn = as_n, sc = as_c;
-    if (!scale_chain.empty()) {  // the scale made first: n x c numbers
-      scale.resize((size_t)(n * c));
+    scale.resize((size_t)(n * c));
+    if (!scale_chain.empty() || sc != 1) {  // the scale made first: n x c numbers
       for (int64_t t = 0; t < n * c; ++t) scale[(size_t)t] = S[(t / c) * as_n + (t % c) * as_c];
       for (const Step& st : scale_chain) {
         if (st.pos == 0) unary(st.op, scale.data(), n * c);
@@ -628,19 +664,9 @@ struct Linear {
       }
       S = scale.data(), sn = c, sc = 1;
     }
-    const int64_t cig = c / group, cog = co / group, taps = kh * kw, HW = h * w;
-    if (n == 1 && 3 * co * cig * taps <= 2 * c * HW) {  // reading, scaling and packing the weights
-      const float* W = static_cast<const float*>(p[b]);
-      scaled.resize((size_t)(co * cig * taps));
-      for (int64_t o = 0; o < co; ++o)
-        for (int64_t k = 0; k < cig; ++k) {
-          const float s = S[((o / cog) * cig + k) * sc];
-          const int64_t at = (o * cig + k) * taps;
-          for (int64_t t = 0; t < taps; ++t) scaled[(size_t)(at + t)] = W[at + t] * s;
-        }
-      p[b] = scaled.data();
-      std::lock_guard<std::mutex> lock(pack_mu);
-      packed_from = nullptr;  // packed again, from this call's weights
+    const int64_t cig = c / group, taps = kh * kw, HW = h * w;
+    if (n == 1 && packed_weights() && 3 * co * cig * taps <= 2 * c * HW) {  // scaling the packed weights
+      panel_scale = S;
       return;
     }
     scaled.resize((size_t)(n * c * HW + 16));
@@ -1244,6 +1270,154 @@ struct Linear {
       for (int64_t j = 0; j < nc; ++j) _mm512_mask_storeu_ps(dst[j] + q, mk, v[j]);
     }
   }
+  // Note [Row depthwise]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // Note [Channel-blocked depthwise] transposes sixteen NCHW planes into a channel-
+  // blocked band and back, and an NCHWc layout between kernels is not built. Where an
+  // output row is at least ROW_DW_MIN_WO wide, a vector is instead sixteen output
+  // columns of one channel straight off its NCHW rows: each tap one masked unaligned
+  // load (the masks zero the pad columns, so nothing is copied; rows of the pad read a
+  // zero row) and one FMA with the tap's weight broadcast; at stride 2 two loads and
+  // one vpermt2ps take the even columns. A tile is RR output rows of NV vectors, all
+  // in registers, and each input row is loaded once a tile for every output row it
+  // reaches. Tasks are (image, channel, band of output rows). On two threads of an
+  // Intel Xeon (benchmarks/native_linear.py --only dwconv, blocked -> rows): 96
+  // channels 56 x 56 113.9 -> 82.6 us, 144 channels 56 x 56 with bias and SiLU 226 ->
+  // 180, 32 channels 112 x 112 with bias 135 -> 103, stride 2 from 112 x 112 with bias
+  // and SiLU 267 -> 227, 88 channels 28 x 28 32.9 -> 26.6. At 14 wide the blocked
+  // kernel stays faster (5 x 5, 240 channels: 40.2 against 44.3; 7 wide: 33.7 against
+  // 82.5), so it keeps rows under 28.
+  static constexpr int64_t ROW_DW_MIN_WO = 28;
+
+  bool row_depthwise() const {
+    return ((sw == 1 && sh == 1) || (sw == 2 && sh == 2)) && (kh == 3 || kh == 5 || kh == 7) && dh == 1 && kw <= 8 &&
+           wo >= ROW_DW_MIN_WO;
+  }
+
+  // per (vector v, tap column kx) at j = v * 8 + kx: the first input column's offset in
+  // its row, the lanes that land in [0, w) from it and 16 on; per vector the lanes < wo
+  struct RowMasks {
+    int64_t off[64];
+    __mmask16 lo[64], hi[64], out[8];
+  };
+
+  // RR output rows from oy of the chunk's NV vectors; KH rows of taps at stride SH,
+  // all three known in compiling, so which tap row an input row is for each output row
+  // is too: a test per (input row, output row) mispredicted and cost the tile a third
+  // of its time (88 channels, 28 x 28: 65 against 48 us blocked)
+  template <int NV, int S, int KH, int SH, int RR>
+  KORCH_INLINE void depthwise_rows_tile(const float* Xc, const float* Wc, float* Yc, int64_t oy, int64_t cx0,
+                                        float bias, const korch_gemm::Post* post, const RowMasks& m,
+                                        const float* zeros) const {
+    constexpr int IN = (RR - 1) * SH + KH;  // input rows the tile reads
+    const float* rows[IN];
+    const int64_t first = oy * SH - pt;
+#pragma GCC unroll 32
+    for (int t = 0; t < IN; ++t) rows[t] = first + t >= 0 && first + t < h ? Xc + (first + t) * w : zeros;
+    __m512 acc[RR][NV];
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_set1_ps(bias);
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    // a tap column at a time: its KH weights in registers and its masks in mask
+    // registers for every input row (with the tap column innermost, each load's mask
+    // came from memory through a general register, an extra uop on the FMAs' port)
+    for (int64_t kx = 0; kx < kw; ++kx) {
+      __m512 k[KH];
+#pragma GCC unroll 8
+      for (int ky = 0; ky < KH; ++ky) k[ky] = _mm512_set1_ps(Wc[ky * kw + kx]);
+      __mmask16 lo[NV], hi[NV];
+      int64_t off[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) lo[v] = m.lo[v * 8 + kx], hi[v] = m.hi[v * 8 + kx], off[v] = m.off[v * 8 + kx];
+#pragma GCC unroll 32
+      for (int t = 0; t < IN; ++t) {
+        __m512 x[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          if constexpr (S == 1) {
+            x[v] = _mm512_maskz_loadu_ps(lo[v], rows[t] + off[v]);
+          } else {
+            x[v] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo[v], rows[t] + off[v]), evens,
+                                          _mm512_maskz_loadu_ps(hi[v], rows[t] + off[v] + 16));
+          }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < RR; ++r) {
+          const int ky = t - r * SH;  // known in compiling
+          if (ky < 0 || ky >= KH) continue;
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(k[ky], x[v], acc[r][v]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < RR; ++r)
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v)
+        _mm512_mask_storeu_ps(Yc + (oy + r) * wo + cx0 + 16 * v, m.out[v],
+                              post ? korch_gemm::post_act16(*post, acc[r][v]) : acc[r][v]);
+  }
+
+  // the lanes i of sixteen input columns from `from` with from + i in [0, w)
+  __mmask16 lanes_in(int64_t from) const {
+    const int64_t a = std::clamp<int64_t>(-from, 0, 16), b = std::clamp<int64_t>(w - from, 0, 16);
+    return (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
+  }
+
+  template <int NV, int S, int KH, int SH>
+  void depthwise_rows_chunk(const float* Xc, const float* Wc, float* Yc, int64_t oy0, int64_t oy1, int64_t cx0,
+                            float bias, const korch_gemm::Post* post, const float* zeros) const {
+    constexpr int RR = NV >= 5 ? 2 : NV >= 3 ? 4 : 8;  // up to sixteen accumulators
+    RowMasks m;
+    for (int v = 0; v < NV; ++v) {
+      const int64_t ox = cx0 + 16 * v;
+      m.out[v] = (__mmask16)(ox + 16 <= wo ? 0xffff : (1u << (wo - ox)) - 1);
+      for (int64_t kx = 0; kx < kw; ++kx) {
+        const int64_t base = ox * S - pl + kx * dw;
+        m.off[v * 8 + kx] = base, m.lo[v * 8 + kx] = lanes_in(base), m.hi[v * 8 + kx] = lanes_in(base + 16);
+      }
+    }
+    int64_t oy = oy0;
+    for (; oy + RR <= oy1; oy += RR)
+      depthwise_rows_tile<NV, S, KH, SH, RR>(Xc, Wc, Yc, oy, cx0, bias, post, m, zeros);
+    for (; oy < oy1; ++oy) depthwise_rows_tile<NV, S, KH, SH, 1>(Xc, Wc, Yc, oy, cx0, bias, post, m, zeros);
+  }
+
+  // channel ch of image ni, output rows [oy0, oy1); post without its bias (added here)
+  void depthwise_rows(const float* X, const float* W, float* Y, int64_t ni, int64_t ch, int64_t oy0, int64_t oy1,
+                      float bias, const korch_gemm::Post* post) const {
+    const float* Xc = X + (ni * c + ch) * h * w;
+    const float* Wc = W + ch * kh * kw;
+    float* Yc = Y + (ni * co + ch) * ho * wo;
+    thread_local std::vector<float> zero_row;  // the rows of the pad
+    if (zero_row.size() < (size_t)(w + 64)) zero_row.assign((size_t)(w + 64), 0.0f);
+    const float* zeros = zero_row.data();
+    for (int64_t cx0 = 0; cx0 < wo; cx0 += 128) {
+      auto go = [&](auto nvc) {
+        constexpr int NV = decltype(nvc)::value;
+        auto strides = [&](auto khc) {
+          constexpr int KH = decltype(khc)::value;
+          if (sw == 1) depthwise_rows_chunk<NV, 1, KH, 1>(Xc, Wc, Yc, oy0, oy1, cx0, bias, post, zeros);
+          else depthwise_rows_chunk<NV, 2, KH, 2>(Xc, Wc, Yc, oy0, oy1, cx0, bias, post, zeros);
+        };
+        if (kh == 3) strides(std::integral_constant<int, 3>{});
+        else if (kh == 5) strides(std::integral_constant<int, 5>{});
+        else strides(std::integral_constant<int, 7>{});
+      };
+      switch (std::min<int64_t>(8, (wo - cx0 + 15) / 16)) {
+        case 1: go(std::integral_constant<int, 1>{}); break;
+        case 2: go(std::integral_constant<int, 2>{}); break;
+        case 3: go(std::integral_constant<int, 3>{}); break;
+        case 4: go(std::integral_constant<int, 4>{}); break;
+        case 5: go(std::integral_constant<int, 5>{}); break;
+        case 6: go(std::integral_constant<int, 6>{}); break;
+        case 7: go(std::integral_constant<int, 7>{}); break;
+        default: go(std::integral_constant<int, 8>{}); break;
+      }
+    }
+  }
 #endif
   bool blocked_depthwise() const {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -1261,7 +1435,7 @@ struct Linear {
   // 576 -> 1024 against onnxruntime's 86).
   int conv_few_pixels(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
     const int64_t cig = c / group, cog = co / group, HW = ho * wo, K = cig;
-    const float* Wp = pack(W, group, cog * K, K, cog, 1, K);
+    const float* Wp = scale_panels(pack(W, group, cog * K, K, cog, 1, K), korch_gemm::packed_size(K, cog), K, korch_gemm::NR);
     const int64_t per = korch_gemm::packed_size(K, cog), panels = (cog + korch_gemm::NR - 1) / korch_gemm::NR;
     const int64_t outer = n * group;
     const int64_t parts = std::min<int64_t>(panels, outer >= T ? 1 : (T + outer - 1) / outer);
@@ -1575,6 +1749,7 @@ struct Linear {
       }
       Ap = aligned_panels();
     }
+    Ap = scale_panels(Ap, per, K, MR);  // Note [Scaled inputs]
     const int64_t pblocks = (HW + PW_PIXELS - 1) / PW_PIXELS;
     int64_t cblocks = 1;
     if (n * group * pblocks < T) cblocks = std::min(tiles, (T + n * group * pblocks - 1) / (n * group * pblocks));
@@ -1668,6 +1843,25 @@ struct Linear {
     // MobileNetV3's 0.7-1.4 MFLOP depthwise convs ran serially at 100-200 us
     const double flops = 2.0 * n * co * HW * KK * (cig == 1 && cog == 1 ? 4 : 1);
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
+#if defined(__AVX512F__)
+    if (cig == 1 && cog == 1 && row_depthwise()) {  // Note [Row depthwise]
+      // bands only where the planes are too few to share out; one a plane where it pools
+      const int64_t bands = pools ? 1 : std::min<int64_t>(ho, (8 * T + n * co - 1) / (n * co));
+      const int64_t rows = (ho + bands - 1) / bands;
+      std::vector<float> bias_buf;
+      korch_gemm::Post post = post_for(ptrs, bias_buf);
+      const float* bias = post_steps ? post.bias : nullptr;
+      post.bias = nullptr;
+      parallel_for(n * co * bands, T, [&](int64_t t) {
+        const int64_t band = t % bands, ch = (t / bands) % co, ni = t / (bands * co);
+        const int64_t oy0 = band * rows, oy1 = std::min(ho, oy0 + rows);
+        if (oy0 >= oy1) return;
+        depthwise_rows(X, W, Y, ni, ch, oy0, oy1, bias ? bias[ch] : 0.0f, post_steps ? &post : nullptr);
+        epilogue(Y, ptrs, (ni * co + ch) * HW + oy0 * wo, (ni * co + ch) * HW + oy1 * wo, post_steps);
+      });
+      return 0;
+    }
+#endif
     if (cig == 1 && cog == 1 && blocked_depthwise()) {  // Note [Channel-blocked depthwise]
 #if defined(__AVX2__) && defined(__FMA__)
       // channels a block: sixteen with AVX-512 (Note [Channel-blocked depthwise] on
@@ -1718,10 +1912,10 @@ struct Linear {
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
     // pixels than there are (49: 64), the direct conv's pixel rows instead
     if (direct && korch_gemm::wide && b_const && (HW + 15) / 16 * 16 * 20 > HW * 23)
-      return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T, /*flat=*/true);
+      return conv_direct(X, panels_b(W), Y, ptrs, T, /*flat=*/true);
     if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
-      return conv_direct(X, pack(W, group, cog * KK, KK, cog, 1, KK), Y, ptrs, T);
+      return conv_direct(X, panels_b(W), Y, ptrs, T);
     // blocks of whole output rows (columns of the GEMM); an im2col block stays within
     // ~512 KB; at least one block per thread
     int64_t rows_per = direct ? ho : std::max<int64_t>(1, (131072 / std::max<int64_t>(1, KK)) / wo);
