@@ -74,6 +74,12 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 3, 40, 150), w_shape=(3, 1, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=3, relu=True),
         dict(x_shape=(1, 5, 21, 61), w_shape=(5, 1, 5, 5), strides=(2, 2), pads=(2, 1, 2, 2), group=5, bias=True),
         dict(x_shape=(2, 4, 12, 40), w_shape=(4, 1, 7, 3), strides=(1, 1), pads=(3, 2, 3, 2), group=4, dil=(1, 2)),
+        # Note [Row convolution]: a stem (3 channels in, 20 out: blocks of 8, 8 and 4),
+        # stride 2; two groups of 8 channels over 45 columns (a pair of vectors and one),
+        # asymmetric pads, two images; dilated columns, 3 channels a group
+        dict(x_shape=(1, 3, 40, 64), w_shape=(20, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, bias=True),
+        dict(x_shape=(2, 16, 9, 45), w_shape=(16, 8, 3, 3), strides=(1, 1), pads=(0, 1, 2, 1), group=2, relu=True),
+        dict(x_shape=(1, 4, 10, 40), w_shape=(6, 2, 3, 3), strides=(1, 1), pads=(1, 2, 1, 2), group=2, dil=(1, 2)),
     ],
     ids=[
         "3x3_bias",
@@ -98,6 +104,9 @@ def test_matmul_split(case, tmp_path):
         "row_depthwise_chunks_bands",
         "row_depthwise_5x5_s2",
         "row_depthwise_7_rows_dilated_columns",
+        "row_conv_stem_blocks",
+        "row_conv_groups_pair_and_one",
+        "row_conv_dilated_columns",
     ],
 )
 def test_conv_split(case, tmp_path):
@@ -501,8 +510,9 @@ def test_only_pooled(divided, tmp_path):
         dict(x=(1, 3, 5, 5), w=(16, 3, 1, 1), group=1, pads=(0, 0, 0, 0)),  # few pixels
         dict(x=(1, 40, 3, 3), w=(4, 40, 1, 1), group=1, pads=(0, 0, 0, 0)),  # a GEMV's panels: the weights
         dict(x=(1, 16, 30, 30), w=(16, 1, 3, 3), group=16, pads=(1, 1, 1, 1)),  # depthwise: the input
+        dict(x=(1, 16, 30, 30), w=(16, 8, 3, 3), group=2, pads=(1, 1, 1, 1)),  # Note [Row convolution]: the input
     ],
-    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise"],
+    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise", "row_conv"],
 )
 def test_scaled_input(case, tmp_path):
     """Note [Scaled inputs]: squeeze-and-excitation's x * s[n, c] read by a conv with a
