@@ -582,7 +582,7 @@ struct Linear {
 
   int run(void* const* ptrs) const {
     if (op == 1 && (pools || a_scale >= 0)) return conv_around(ptrs);
-    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : pool(ptrs);
+    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : softmax(ptrs);
   }
 
   // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
@@ -791,6 +791,60 @@ struct Linear {
   // 138 us in place); here it is a step of the segment. Each line keeps its best k by
   // insertion (partial_sort with a comparator over indices took 92 us for that TopK),
   // lines split over the pool when there are many.
+  // Note [Native softmax]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // Softmax over the trailing axes, as fission writes it (REDUCE_MAX, BROADCAST, SUB,
+  // EXP, REDUCE_SUM, BROADCAST, DIV), a row at a time while the row is in L1: its max,
+  // then exp(x - max) stored and summed, then the row times 1 / sum; or the numerator
+  // alone, where a rewrite divides after the matmul that reads it (sm_norm 0). TVM's kernels
+  // for it came as two (the max and the shift; the exp, the sum and the division) at
+  // 97 and 70 us on deit_tiny's 3 x 197 x 197 scores in place, two threads: 2 ms of
+  // its 16. Tasks are blocks of rows.
+  int64_t sm_rows = 0, sm_len = 0, sm_norm = 1;  // sm_norm 0: exp(x - max) alone
+
+  int softmax(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    float* Y = static_cast<float*>(ptrs[nin]);
+    const int64_t rows = sm_rows, L = sm_len;
+    const int T = rows * L < 16384 ? 1 : threads();
+    const int64_t tasks = std::min<int64_t>(rows, 4 * T);
+    parallel_for(tasks, T, [&](int64_t t) {
+      for (int64_t r = rows * t / tasks; r < rows * (t + 1) / tasks; ++r) {
+        const float* x = X + r * L;
+        float* y = Y + r * L;
+#if defined(__AVX512F__)
+        __m512 mv = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < L; i += 16) {
+          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, x + i));
+        }
+        const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+        __m512 sv = _mm512_setzero_ps();
+        for (int64_t i = 0; i < L; i += 16) {
+          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          const __m512 e = korch_gemm::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx));
+          sv = _mm512_mask_add_ps(sv, m, sv, e);
+          _mm512_mask_storeu_ps(y + i, m, e);
+        }
+        if (!sm_norm) continue;
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
+        for (int64_t i = 0; i < L; i += 16) {
+          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), inv));
+        }
+#else
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t i = 0; i < L; ++i) mx = std::max(mx, x[i]);
+        for (int64_t i = 0; i < L; ++i) sum += (y[i] = std::exp(x[i] - mx));
+        if (!sm_norm) continue;
+        const float inv = 1.0f / sum;
+        for (int64_t i = 0; i < L; ++i) y[i] *= inv;
+#endif
+      }
+    });
+    return 0;
+  }
+
   int topk(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
     float* V = nullptr;
@@ -2206,6 +2260,11 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     for (int64_t w : k->tk_which)
       if (w != 0 && w != 1) r.ok = false;
     if (k->tk_k < 1 || k->tk_k > k->tk_len || k->tk_outer < 1 || k->tk_inner < 1) r.ok = false;
+  } else if (k->op == 4) {  // Note [Native softmax]
+    k->sm_rows = r.next();
+    k->sm_len = r.next();
+    k->sm_norm = r.next();
+    if (k->sm_rows < 1 || k->sm_len < 1 || k->nout != 1) r.ok = false;
   } else if (k->op == 3) {  // Note [Native pooling]
     int64_t* f[] = {&k->n, &k->c, &k->h,  &k->w,  &k->kh, &k->kw, &k->sh,
                     &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->ho, &k->wo, &k->pool_max};
@@ -2253,7 +2312,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version != 1 || r.i != n || D < 1 || k->op < 0 || k->op > 3 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
+  if (!r.ok || version != 1 || r.i != n || D < 1 || k->op < 0 || k->op > 4 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

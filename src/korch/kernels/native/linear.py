@@ -239,13 +239,15 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    kinds = frozenset({"linear", "opaque", "memory"})  # opaque: TopK (topk.py); memory: pooling (pool.py)
+    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py)
+    kinds = frozenset({"linear", "opaque", "memory"})
 
     def supports(self, kgraph: Graph) -> bool:
         from korch.kernels.native.pool import pool_spec
+        from korch.kernels.native.softmax import softmax_spec
         from korch.kernels.native.topk import topk_spec
 
-        if topk_spec(kgraph) is not None or pool_spec(kgraph) is not None:
+        if topk_spec(kgraph) is not None or pool_spec(kgraph) is not None or softmax_spec(kgraph) is not None:
             return True
         plan = plan_of(kgraph)
         if plan is None:
@@ -258,6 +260,7 @@ class NativeBackend(Backend):
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
         from korch.kernels.native.pool import build_pool, pool_spec
+        from korch.kernels.native.softmax import build_softmax, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
 
         spec = topk_spec(kgraph)
@@ -270,6 +273,11 @@ class NativeBackend(Backend):
             pool = build_pool(kgraph, pspec)
             pool.set_threads(num_threads)
             return pool
+        sspec = softmax_spec(kgraph)
+        if sspec is not None:
+            sm = build_softmax(kgraph, sspec)
+            sm.set_threads(num_threads)
+            return sm
         plan = plan_of(kgraph)
         if plan is None:
             raise ValueError("native backend: not a MATMUL/CONV with an elementwise epilogue")
@@ -290,6 +298,12 @@ class NativeBackend(Backend):
             pool = load_pool(meta)
             pool.set_threads(num_threads)
             return pool
+        if meta.get("op") == "softmax":
+            from korch.kernels.native.softmax import load_softmax
+
+            sm = load_softmax(meta)
+            sm.set_threads(num_threads)
+            return sm
         plan, consts = load_consts(meta, directory)
         k = NativeLinearKernel(plan, consts, [tuple(s) for s in meta["input_shapes"]])
         k.set_threads(num_threads)
