@@ -259,8 +259,8 @@ class NativeBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
-        from korch.kernels.native.pool import build_pool, pool_spec
-        from korch.kernels.native.softmax import build_softmax, softmax_spec
+        from korch.kernels.native.pool import NativePoolKernel, pool_spec
+        from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
 
         spec = topk_spec(kgraph)
@@ -268,16 +268,12 @@ class NativeBackend(Backend):
             topk = build_topk(kgraph, spec, consts)
             topk.set_threads(num_threads)
             return topk
-        pspec = pool_spec(kgraph)
-        if pspec is not None:
-            pool = build_pool(kgraph, pspec)
-            pool.set_threads(num_threads)
-            return pool
-        sspec = softmax_spec(kgraph)
-        if sspec is not None:
-            sm = build_softmax(kgraph, sspec)
-            sm.set_threads(num_threads)
-            return sm
+        for kind, spec_of in ((NativePoolKernel, pool_spec), (NativeSoftmaxKernel, softmax_spec)):
+            spec = spec_of(kgraph)
+            if spec is not None:
+                k = kind.of(kgraph, spec)
+                k.set_threads(num_threads)
+                return k
         plan = plan_of(kgraph)
         if plan is None:
             raise ValueError("native backend: not a MATMUL/CONV with an elementwise epilogue")
@@ -292,18 +288,13 @@ class NativeBackend(Backend):
             topk = load_topk(meta)
             topk.set_threads(num_threads)
             return topk
-        if meta.get("op") == "pool":
-            from korch.kernels.native.pool import load_pool
+        if meta.get("op") in ("pool", "softmax"):
+            from korch.kernels.native.pool import NativePoolKernel
+            from korch.kernels.native.softmax import NativeSoftmaxKernel
 
-            pool = load_pool(meta)
-            pool.set_threads(num_threads)
-            return pool
-        if meta.get("op") == "softmax":
-            from korch.kernels.native.softmax import load_softmax
-
-            sm = load_softmax(meta)
-            sm.set_threads(num_threads)
-            return sm
+            k = (NativePoolKernel if meta["op"] == "pool" else NativeSoftmaxKernel).load(meta)
+            k.set_threads(num_threads)
+            return k
         plan, consts = load_consts(meta, directory)
         k = NativeLinearKernel(plan, consts, [tuple(s) for s in meta["input_shapes"]])
         k.set_threads(num_threads)

@@ -14,19 +14,14 @@ skips padded taps. The code the runtime reads (``korch_linear_create``, op 3)::
 
 from __future__ import annotations
 
-import ctypes
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.kernels.base import buffer_address
-from korch.kernels.native.rtkernel import RuntimeKernel
+from korch.kernels.native.rtkernel import SpecKernel
 
 
 @dataclass
@@ -111,43 +106,13 @@ def encode_pool(spec: PoolSpec, n_inputs: int) -> np.ndarray:
     return np.asarray(code, dtype=np.int64)
 
 
-class NativePoolKernel(RuntimeKernel):
-    def __init__(self, spec: PoolSpec, input_shapes: Sequence[tuple[int, ...]], input_dtypes: Sequence[str]):
-        self.spec = spec
-        self.input_shapes = [tuple(int(d) for d in s) for s in input_shapes]
-        self.input_dtypes = [str(d) for d in input_dtypes]
-        self._create(encode_pool(spec, len(self.input_shapes)))
-        self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + 1))()
+class NativePoolKernel(SpecKernel):
+    op = "pool"
+    spec_type = PoolSpec
 
-    def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
-        """(shape, dtype) of each input and output, as a segment lays them out."""
-        return list(zip(self.input_shapes, self.input_dtypes)), [(self.spec.out_shape, "float32")]
+    def encode(self, n_inputs: int) -> np.ndarray:
+        return encode_pool(self.spec, n_inputs)
 
-    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        x = np.ascontiguousarray(inputs[self.spec.x_pos], dtype=np.float32)
-        self._ptrs[self.spec.x_pos] = buffer_address(x)
-        out = np.empty(self.spec.out_shape, dtype=np.float32)
-        self._ptrs[len(self.input_shapes)] = buffer_address(out)
-        self._run("pool")
-        return [out]
-
-    def save(self, directory: Path, stem: str) -> dict[str, Any]:
-        return {
-            "backend": self.backend,
-            "op": "pool",
-            "spec": asdict(self.spec),
-            "input_shapes": [list(x) for x in self.input_shapes],
-            "input_dtypes": self.input_dtypes,
-        }
-
-
-def build_pool(kgraph: Graph, spec: PoolSpec) -> NativePoolKernel:
-    shapes = [tuple(kgraph.nodes[nid].shape) for nid in kgraph.inputs.values()]
-    dtypes = [kgraph.nodes[nid].dtype for nid in kgraph.inputs.values()]
-    return NativePoolKernel(spec, shapes, dtypes)
-
-
-def load_pool(meta: dict[str, Any]) -> NativePoolKernel:
-    s = meta["spec"]
-    spec = PoolSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-    return NativePoolKernel(spec, [tuple(x) for x in meta["input_shapes"]], meta["input_dtypes"])
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return self.spec.out_shape
