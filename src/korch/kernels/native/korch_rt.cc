@@ -692,7 +692,9 @@ struct Linear {
   // stay scalar] in its scheduler): 352 us in place, onnxruntime's 83. Tried and
   // dropped: the edge columns as gathers (16 cycles a gather on this Zen 4) or as
   // masked loads with computed masks, and scalar edges (most of a 5x5 pool's time over
-  // 20x20 planes). Both backends are measured; the faster one is chosen.
+  // 20x20 planes). Both backends are measured; the faster one is chosen. On the Intel
+  // Xeon, rows read in place with the pad masked (no copy) ran slower again: resnet18's
+  // pool 177-189 -> 262-296 us alone, the 5x5 over 32x32 21 -> 56-63.
 
   int pool(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
@@ -782,15 +784,6 @@ struct Linear {
     });
   }
 
-  // Note [Native TopK]
-  // ~~~~~~~~~~~~~~~~~~
-  // ONNX TopK with sorted = 1, as onnxruntime computes it: the k largest (smallest)
-  // values of each line along the axis in order, an equal value's lower index first.
-  // An onnxruntime session between two native segments cost its own call, its pool's
-  // wake-up and a second segment call (opaque's [1, 64, 128] TopK: 43 us measured alone,
-  // 138 us in place); here it is a step of the segment. Each line keeps its best k by
-  // insertion (partial_sort with a comparator over indices took 92 us for that TopK),
-  // lines split over the pool when there are many.
   // Note [Native softmax]
   // ~~~~~~~~~~~~~~~~~~~~~
   // Softmax over the trailing axes, as fission writes it (REDUCE_MAX, BROADCAST, SUB,
@@ -845,6 +838,15 @@ struct Linear {
     return 0;
   }
 
+  // Note [Native TopK]
+  // ~~~~~~~~~~~~~~~~~~
+  // ONNX TopK with sorted = 1, as onnxruntime computes it: the k largest (smallest)
+  // values of each line along the axis in order, an equal value's lower index first.
+  // An onnxruntime session between two native segments cost its own call, its pool's
+  // wake-up and a second segment call (opaque's [1, 64, 128] TopK: 43 us measured alone,
+  // 138 us in place); here it is a step of the segment. Each line keeps its best k by
+  // insertion (partial_sort with a comparator over indices took 92 us for that TopK),
+  // lines split over the pool when there are many.
   int topk(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
     float* V = nullptr;
