@@ -55,6 +55,8 @@ def test_what_qualifies():
     assert softmax_spec(kg) is None
     kg, _ = kernel_of(_softmax((2, 4, 8), (2,), extra=True))  # something else computed too
     assert softmax_spec(kg) is None
+    kg, _ = kernel_of(_softmax((0, 8), (1,)))  # no rows
+    assert softmax_spec(kg) is None
 
 
 def _attention(tokens: int = 20, dim: int = 32):

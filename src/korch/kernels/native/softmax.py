@@ -69,8 +69,8 @@ def softmax_spec(kgraph: Graph) -> SoftmaxSpec | None:
     if red_max is None or nodes[red_max].op is not Op.REDUCE_MAX or nodes[red_max].inputs[0] != x_id:
         return None
     x = nodes[x_id]
-    if x.op is not Op.INPUT or x.dtype != "float32" or tuple(x.shape) != shape or not shape:
-        return None
+    if x.op is not Op.INPUT or x.dtype != "float32" or tuple(x.shape) != shape or not shape or 0 in shape:
+        return None  # (an empty tensor has no rows for the runtime to run)
     axes = tuple(nodes[red_max].attr("axes"))
     rank = len(shape)
     first = rank - len(axes)
