@@ -100,3 +100,31 @@ def test_partition_io():
     assert partition_io(g, [1, 2]) == ([1, 2], [0])  # 1 feeds 4, 2 feeds 3: both outside
     assert partition_io(g, [1, 2, 3]) == ([1, 3], [0])  # 2 feeds only 3, inside
     assert partition_io(g, [3, 4]) == ([3, 4], [1, 2])  # graph outputs
+
+
+def test_constants_sit_beside_their_consumer():
+    """Note [Constants beside their consumer]: biases reshaped and broadcast up front
+    (small ids, as fission writes them with the weights) come, in both orders, right
+    before the ADD that reads them; without it the graph's order put them all first."""
+    import numpy as np
+
+    from korch.ir import GraphBuilder, Op
+    from korch.partition import constants_beside_consumers
+
+    b = GraphBuilder()
+    x = b.input("x", (8, 16), "float32")
+    biases = [b.broadcast_to(b.const(np.full(16, i + 1.0, np.float32)), (8, 16)) for i in range(4)]
+    for i, bias in enumerate(biases):  # (distinct values: the builder shares equal constants)
+        x = b.add(Op.ADD, [b.add(Op.MATMUL, [x, b.const(np.full((16, 16), i + 1.0, np.float32))]), bias])
+    b.output("y", x)
+    g = b.graph
+    assert graph_order(g)[:2] == [2, 3]  # the first bias's reshape and broadcast, before any MatMul
+    for order in (graph_order(g), branch_order(g)):
+        moved = constants_beside_consumers(g, order)
+        assert sorted(moved) == sorted(order)
+        for n, node in enumerate(g.nodes):
+            if node.op is Op.ADD:
+                bc = node.inputs[1]
+                reshape = g.nodes[bc].inputs[0]
+                assert moved.index(n) - 1 == moved.index(bc) and moved.index(bc) - 1 == moved.index(reshape)
+    check_partitions(g, partition(g, 8), 8)
