@@ -784,6 +784,11 @@ struct Linear {
     });
   }
 
+#if defined(__AVX512F__)
+  // the first min(16, n) lanes (none where n <= 0)
+  static __mmask16 first_lanes(int64_t n) { return (__mmask16)((1u << std::clamp<int64_t>(n, 0, 16)) - 1); }
+#endif
+
   // Note [Native softmax]
   // ~~~~~~~~~~~~~~~~~~~~~
   // Softmax over the trailing axes, as fission writes it (REDUCE_MAX, BROADCAST, SUB,
@@ -808,13 +813,13 @@ struct Linear {
 #if defined(__AVX512F__)
         __m512 mv = _mm512_set1_ps(-INFINITY);
         for (int64_t i = 0; i < L; i += 16) {
-          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          const __mmask16 m = first_lanes(L - i);
           mv = _mm512_mask_max_ps(mv, m, mv, _mm512_maskz_loadu_ps(m, x + i));
         }
         const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
         __m512 sv = _mm512_setzero_ps();
         for (int64_t i = 0; i < L; i += 16) {
-          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          const __mmask16 m = first_lanes(L - i);
           const __m512 e = korch_gemm::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mx));
           sv = _mm512_mask_add_ps(sv, m, sv, e);
           _mm512_mask_storeu_ps(y + i, m, e);
@@ -822,7 +827,7 @@ struct Linear {
         if (!sm_norm) continue;
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sv));
         for (int64_t i = 0; i < L; i += 16) {
-          const __mmask16 m = (__mmask16)(i + 16 <= L ? 0xffff : (1u << (L - i)) - 1);
+          const __mmask16 m = first_lanes(L - i);
           _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, y + i), inv));
         }
 #else
@@ -1352,9 +1357,43 @@ struct Linear {
 
   // per (vector v, tap column kx) at j = v * 8 + kx: the first input column's offset in
   // its row, the lanes that land in [0, w) from it and 16 on; per vector the lanes < wo
+  __mmask16 lanes_in(int64_t from) const { return first_lanes(w - from) & (__mmask16)~first_lanes(-from); }
+
+  // the row kernels' tap column kx of the vector of output columns from ox at stride S:
+  // where its first input column sits in a row, and the lanes of it (lo) and of the
+  // next sixteen (hi, stride 2) inside the row
+  struct TapColumn {
+    int64_t off = 0;
+    __mmask16 lo = 0, hi = 0;
+  };
+  TapColumn tap_column(int64_t ox, int64_t S, int64_t kx) const {
+    const int64_t base = ox * S - pl + kx * dw;
+    return {base, lanes_in(base), lanes_in(base + 16)};
+  }
+
+  // sixteen output columns' inputs for one tap column: one masked load, or at stride 2
+  // two and the even lanes of both
+  template <int S>
+  static KORCH_INLINE __m512 tap_load(const float* row, const TapColumn& tc) {
+    if constexpr (S == 1) {
+      return _mm512_maskz_loadu_ps(tc.lo, row + tc.off);
+    } else {
+      const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+      return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tc.lo, row + tc.off), evens,
+                                    _mm512_maskz_loadu_ps(tc.hi, row + tc.off + 16));
+    }
+  }
+
+  // a row of zeros at least w + 64 long: the row kernels' rows of the pad
+  const float* zero_row() const {
+    thread_local std::vector<float> zeros;
+    if (zeros.size() < (size_t)(w + 64)) zeros.assign((size_t)(w + 64), 0.0f);
+    return zeros.data();
+  }
+
   struct RowMasks {
-    int64_t off[64];
-    __mmask16 lo[64], hi[64], out[8];
+    TapColumn col[64];  // [vector * 8 + kx]
+    __mmask16 out[8];
   };
 
   // RR output rows from oy of the chunk's NV vectors; KH rows of taps at stride SH,
@@ -1375,7 +1414,6 @@ struct Linear {
     for (int r = 0; r < RR; ++r)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_set1_ps(bias);
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     // a tap column at a time: its KH weights in registers and its masks in mask
     // registers for every input row (with the tap column innermost, each load's mask
     // came from memory through a general register, an extra uop on the FMAs' port)
@@ -1383,22 +1421,14 @@ struct Linear {
       __m512 k[KH];
 #pragma GCC unroll 8
       for (int ky = 0; ky < KH; ++ky) k[ky] = _mm512_set1_ps(Wc[ky * kw + kx]);
-      __mmask16 lo[NV], hi[NV];
-      int64_t off[NV];
+      TapColumn tc[NV];
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) lo[v] = m.lo[v * 8 + kx], hi[v] = m.hi[v * 8 + kx], off[v] = m.off[v * 8 + kx];
+      for (int v = 0; v < NV; ++v) tc[v] = m.col[v * 8 + kx];
 #pragma GCC unroll 32
       for (int t = 0; t < IN; ++t) {
         __m512 x[NV];
 #pragma GCC unroll 8
-        for (int v = 0; v < NV; ++v) {
-          if constexpr (S == 1) {
-            x[v] = _mm512_maskz_loadu_ps(lo[v], rows[t] + off[v]);
-          } else {
-            x[v] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo[v], rows[t] + off[v]), evens,
-                                          _mm512_maskz_loadu_ps(hi[v], rows[t] + off[v] + 16));
-          }
-        }
+        for (int v = 0; v < NV; ++v) x[v] = tap_load<S>(rows[t], tc[v]);
 #pragma GCC unroll 8
         for (int r = 0; r < RR; ++r) {
           const int ky = t - r * SH;  // known in compiling
@@ -1417,10 +1447,7 @@ struct Linear {
   }
 
   // the lanes i of sixteen input columns from `from` with from + i in [0, w)
-  __mmask16 lanes_in(int64_t from) const {
-    const int64_t a = std::clamp<int64_t>(-from, 0, 16), b = std::clamp<int64_t>(w - from, 0, 16);
-    return (__mmask16)(((1u << b) - 1) & ~((1u << a) - 1));
-  }
+
 
   template <int NV, int S, int KH, int SH>
   void depthwise_rows_chunk(const float* Xc, const float* Wc, float* Yc, int64_t oy0, int64_t oy1, int64_t cx0,
@@ -1429,11 +1456,8 @@ struct Linear {
     RowMasks m;
     for (int v = 0; v < NV; ++v) {
       const int64_t ox = cx0 + 16 * v;
-      m.out[v] = (__mmask16)(ox + 16 <= wo ? 0xffff : (1u << (wo - ox)) - 1);
-      for (int64_t kx = 0; kx < kw; ++kx) {
-        const int64_t base = ox * S - pl + kx * dw;
-        m.off[v * 8 + kx] = base, m.lo[v * 8 + kx] = lanes_in(base), m.hi[v * 8 + kx] = lanes_in(base + 16);
-      }
+      m.out[v] = first_lanes(wo - ox);
+      for (int64_t kx = 0; kx < kw; ++kx) m.col[v * 8 + kx] = tap_column(ox, S, kx);
     }
     int64_t oy = oy0;
     for (; oy + RR <= oy1; oy += RR)
@@ -1447,9 +1471,7 @@ struct Linear {
     const float* Xc = X + (ni * c + ch) * h * w;
     const float* Wc = W + ch * kh * kw;
     float* Yc = Y + (ni * co + ch) * ho * wo;
-    thread_local std::vector<float> zero_row;  // the rows of the pad
-    if (zero_row.size() < (size_t)(w + 64)) zero_row.assign((size_t)(w + 64), 0.0f);
-    const float* zeros = zero_row.data();
+    const float* zeros = zero_row();
     for (int64_t cx0 = 0; cx0 < wo; cx0 += 128) {
       auto go = [&](auto nvc) {
         constexpr int NV = decltype(nvc)::value;
@@ -1522,10 +1544,9 @@ struct Linear {
   // NV vectors from column ox0 of output row oy, channels [o0, o0 + nc) of group g
   template <int NV, int S>
   KORCH_INLINE void row_conv_tile(const float* Xg, const float* Wb, float* Yo, int64_t oy, int64_t ox0, int64_t nc,
-                                  const float* bias, const korch_gemm::Post* post, const int64_t* off,
-                                  const __mmask16* lo, const __mmask16* hi, const float* zeros) const {
+                                  const float* bias, const korch_gemm::Post* post, const TapColumn* cols,
+                                  const float* zeros) const {
     const int64_t cig = c / group;
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     __m512 acc[RC_CB][NV];
 #pragma GCC unroll 8
     for (int j = 0; j < RC_CB; ++j)
@@ -1539,15 +1560,7 @@ struct Linear {
         for (int64_t kx = 0; kx < kw; ++kx, wk += RC_CB) {
           __m512 x[NV];
 #pragma GCC unroll 2
-          for (int v = 0; v < NV; ++v) {
-            const int64_t j = v * kw + kx;
-            if constexpr (S == 1) {
-              x[v] = _mm512_maskz_loadu_ps(lo[j], row + off[j]);
-            } else {
-              x[v] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo[j], row + off[j]), evens,
-                                            _mm512_maskz_loadu_ps(hi[j], row + off[j] + 16));
-            }
-          }
+          for (int v = 0; v < NV; ++v) x[v] = tap_load<S>(row, cols[v * kw + kx]);
 #pragma GCC unroll 8
           for (int j = 0; j < RC_CB; ++j) {
             const __m512 k = _mm512_set1_ps(wk[j]);
@@ -1563,8 +1576,8 @@ struct Linear {
       for (int v = 0; v < NV; ++v) {
         if (j >= nc) break;
         const int64_t ox = ox0 + 16 * v;
-        const __mmask16 mo = (__mmask16)(ox + 16 <= wo ? 0xffff : (1u << (wo - ox)) - 1);
-        _mm512_mask_storeu_ps(Yo + j * HW + oy * wo + ox, mo, post ? korch_gemm::post_act16(*post, acc[j][v]) : acc[j][v]);
+        _mm512_mask_storeu_ps(Yo + j * HW + oy * wo + ox, first_lanes(wo - ox),
+                              post ? korch_gemm::post_act16(*post, acc[j][v]) : acc[j][v]);
       }
   }
 
@@ -1574,28 +1587,19 @@ struct Linear {
                      int64_t oy1, const float* bias, const korch_gemm::Post* post) const {
     const int64_t cig = c / group, cog = co / group, K = cig * kh * kw, nb = (cog + RC_CB - 1) / RC_CB;
     const int64_t nc = std::min(RC_CB, cog - blk * RC_CB), nvec = (wo + 15) / 16;
-    thread_local std::vector<int64_t> off;
-    thread_local std::vector<__mmask16> lo, hi;
-    thread_local std::vector<float> zero_row;
-    off.resize((size_t)(nvec * kw)), lo.resize((size_t)(nvec * kw)), hi.resize((size_t)(nvec * kw));
-    if (zero_row.size() < (size_t)(w + 64)) zero_row.assign((size_t)(w + 64), 0.0f);
+    thread_local std::vector<TapColumn> cols;  // [vector * kw + kx]
+    cols.resize((size_t)(nvec * kw));
     for (int64_t v = 0; v < nvec; ++v)
-      for (int64_t kx = 0; kx < kw; ++kx) {
-        const int64_t base = 16 * v * S - pl + kx * dw;
-        off[(size_t)(v * kw + kx)] = base, lo[(size_t)(v * kw + kx)] = lanes_in(base);
-        hi[(size_t)(v * kw + kx)] = lanes_in(base + 16);
-      }
+      for (int64_t kx = 0; kx < kw; ++kx) cols[(size_t)(v * kw + kx)] = tap_column(16 * v, S, kx);
+    const float* zeros = zero_row();
     const float* Xg = X + (ni * c + g * cig) * h * w;
     const float* Wb = Wr + (g * nb + blk) * K * RC_CB;
     float* Yo = Y + (ni * co + g * cog + blk * RC_CB) * ho * wo;
     for (int64_t oy = oy0; oy < oy1; ++oy) {
       int64_t v = 0;
       for (; v + 2 <= nvec; v += 2)
-        row_conv_tile<2, S>(Xg, Wb, Yo, oy, 16 * v, nc, bias, post, off.data() + v * kw, lo.data() + v * kw,
-                            hi.data() + v * kw, zero_row.data());
-      if (v < nvec)
-        row_conv_tile<1, S>(Xg, Wb, Yo, oy, 16 * v, nc, bias, post, off.data() + v * kw, lo.data() + v * kw,
-                            hi.data() + v * kw, zero_row.data());
+        row_conv_tile<2, S>(Xg, Wb, Yo, oy, 16 * v, nc, bias, post, cols.data() + v * kw, zeros);
+      if (v < nvec) row_conv_tile<1, S>(Xg, Wb, Yo, oy, 16 * v, nc, bias, post, cols.data() + v * kw, zeros);
     }
   }
 #endif
