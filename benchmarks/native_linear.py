@@ -115,6 +115,13 @@ CASES = {
     "conv7x7 s2 3->64 224x224 + bias": lambda: conv_graph(
         (1, 3, 224, 224), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3), 1, bias=True
     ),
+    # resnet18's strided 1x1 downsamples
+    "conv1x1 s2 64->128 56x56 + bias": lambda: conv_graph(
+        (1, 64, 56, 56), (128, 64, 1, 1), (2, 2), (0, 0, 0, 0), 1, bias=True
+    ),
+    "conv1x1 s2 256->512 14x14 + bias": lambda: conv_graph(
+        (1, 256, 14, 14), (512, 256, 1, 1), (2, 2), (0, 0, 0, 0), 1, bias=True
+    ),
     "conv1x1 320->1280 7x7": lambda: conv_graph((1, 320, 7, 7), (1280, 320, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 1152->192 7x7": lambda: conv_graph((1, 1152, 7, 7), (192, 1152, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 160->640 14x14 + bias": lambda: conv_graph(

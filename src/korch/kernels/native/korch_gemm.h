@@ -329,18 +329,38 @@ inline void micro(int64_t kc, const float* A, int64_t ars, int64_t acs, int64_t 
 constexpr bool wide = true;
 constexpr int64_t WR = 12, WN = 32;
 
+// Note [Weights fetched ahead]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// In a model, a convolution's weights come from memory: resnet18 streams 46 MB of them
+// a call, far past the caches, where a kernel timed alone finds its own in L2 or L3
+// (its 512-channel 3x3 conv, 9.4 MB: 860 us alone, 1,150 in place on two threads;
+// the VM reads 14 GB/s a core). The tiles reading a block of K run from L1 once the
+// first has brought it in, and that first tile waits on memory. So while a block's
+// tiles run, they fetch the next block's lines (prefetcht0), the tiles sharing them
+// out and each spreading its share over its K loop (pf_n lines, one every pf_step-th
+// k: all at the start, they filled the line-fill buffers and stalled the FMAs); the
+// last block fetches the first of the task the thread likely claims next. resnet18,
+// its saved plan, two threads, four processes each: 15.8-16.7 -> 15.4-15.8 ms (fetched
+// all at a tile's start: 15.9-16.1); its last stage's convs 1,145-1,174 -> 943-964 us.
+
 template <int R, int P, int S, class Off>
 KORCH_INLINE void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, int64_t pstride,
-                            float* tmp, bool acc) {
+                            float* tmp, bool acc, const float* pf, int64_t pf_n, int64_t pf_step) {
   const int64_t ars = S ? S : ars_;
   const __m512 z = _mm512_setzero_ps();
   __m512 c0a = z, c0b = z, c1a = z, c1b = z, c2a = z, c2b = z, c3a = z, c3b = z, c4a = z, c4b = z, c5a = z,
          c5b = z, c6a = z, c6b = z, c7a = z, c7b = z, c8a = z, c8b = z, c9a = z, c9b = z, c10a = z, c10b = z,
          c11a = z, c11b = z;
   const float* B1 = Bp + pstride;
+  int64_t pf_wait = 1, pf_j = 0;
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * NR);
     const __m512 b1 = P > 1 ? _mm512_load_ps(B1 + k * NR) : z;
+    if (--pf_wait == 0 && pf_j < pf_n) {  // Note [Weights fetched ahead]: every pf_step-th k
+      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_j * NR), _MM_HINT_T0);
+      if constexpr (P > 1) _mm_prefetch(reinterpret_cast<const char*>(pf + pstride + pf_j * NR), _MM_HINT_T0);
+      ++pf_j, pf_wait = pf_step;
+    }
     const float* a0 = A + off(k);
 #define KORCH_WROW(i)                                  \
   if constexpr (R > i) {                               \
@@ -370,27 +390,28 @@ KORCH_INLINE void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off 
 
 template <int P, int S, class Off>
 inline void micro_wide_p(int64_t kc, const float* A, int64_t ars, Off off, int64_t mr, const float* Bp,
-                         int64_t pstride, float* tmp, bool acc) {
+                         int64_t pstride, float* tmp, bool acc, const float* pf, int64_t pf_n, int64_t pf_step) {
   switch (mr) {
 #define KORCH_WCASE(r) \
-  case r: return micro_wide_rows<r, P, S>(kc, A, ars, off, Bp, pstride, tmp, acc);
+  case r: return micro_wide_rows<r, P, S>(kc, A, ars, off, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
     KORCH_WCASE(1) KORCH_WCASE(2) KORCH_WCASE(3) KORCH_WCASE(4) KORCH_WCASE(5) KORCH_WCASE(6)
     KORCH_WCASE(7) KORCH_WCASE(8) KORCH_WCASE(9) KORCH_WCASE(10) KORCH_WCASE(11)
 #undef KORCH_WCASE
-    default: return micro_wide_rows<WR, P, S>(kc, A, ars, off, Bp, pstride, tmp, acc);
+    default: return micro_wide_rows<WR, P, S>(kc, A, ars, off, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
   }
 }
 
 // the first mr (1..WR) rows of a tile over panels (1 or 2) panels
 template <class Off>
 inline void micro_wide(int64_t kc, const float* A, int64_t ars, Off off, int64_t mr, const float* Bp, int64_t pstride,
-                       int panels, float* tmp, bool acc) {
+                       int panels, float* tmp, bool acc, const float* pf = nullptr, int64_t pf_n = 0,
+                       int64_t pf_step = 1) {
   if (panels > 1) {
-    if (ars == 1) return micro_wide_p<2, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc);
-    return micro_wide_p<2, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc);
+    if (ars == 1) return micro_wide_p<2, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
+    return micro_wide_p<2, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
   }
-  if (ars == 1) return micro_wide_p<1, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc);
-  return micro_wide_p<1, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc);
+  if (ars == 1) return micro_wide_p<1, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
+  return micro_wide_p<1, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
 }
 // a 16 x 16 transpose in registers: r[i] (row i) becomes column i
 KORCH_INLINE void transpose16(__m512* r) {
@@ -457,10 +478,16 @@ inline void gemm_wide(int64_t N, int64_t K, const float* A, int64_t ars, int64_t
         const int np = p + 1 < p1 ? 2 : 1;
         const float* bp = Bp + p * K * NR + kk * NR;
         const int64_t n0 = p * NR, nn = std::min<int64_t>(np * NR, N - n0);
+        // Note [Weights fetched ahead]: the next pair of panels' block, or the next block's
+        // first pair after the last block of rows
+        const float* nb = p + 2 < p1 ? bp + 2 * K * NR : me == m1 && kk + kc < K ? Bp + p0 * K * NR + (kk + kc) * NR : nullptr;
+        const int64_t nl = nb ? std::min(KC, K - (p + 2 < p1 ? kk : kk + kc)) : 0;
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t i = mb + t * (me - mb) / tiles, mr = mb + (t + 1) * (me - mb) / tiles - i;
           const float* a = A + i * ars + kk * acs;
-          micro_wide(kc, a, ars, [acs](int64_t k) { return k * acs; }, mr, bp, K * NR, np, tmp, false);
+          const int64_t l0 = nl * t / tiles, l1 = nl * (t + 1) / tiles;
+          micro_wide(kc, a, ars, [acs](int64_t k) { return k * acs; }, mr, bp, K * NR, np, tmp, false,
+                     nb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
           const Post* last = kk + kc == K ? post : nullptr;
           if (ccs == 1 && nn == WN) {
             __m512 b0 = _mm512_setzero_ps(), b1 = b0;
