@@ -1788,16 +1788,23 @@ struct Linear {
     if (pad && !band_pad) {
       padded.resize((size_t)(n * c * Hp * Wpd));
       float* P = padded.data();
-      parallel_for(n * c, T, [&](int64_t t) {
-        float* dst = P + t * Hp * Wpd;
-        std::memset(dst, 0, sizeof(float) * pt * Wpd);
-        for (int64_t y = 0; y < h; ++y) {
-          float* d = dst + (y + pt) * Wpd;
+      // planes cut into parts of rows where they are fewer than the threads can share
+      // evenly (a stem's three planes: two threads copied them 2 : 1)
+      const int64_t parts = n * c >= 4 * T ? 1 : std::min<int64_t>(Hp, (4 * T + n * c - 1) / (n * c));
+      parallel_for(n * c * parts, T, [&](int64_t t) {
+        const int64_t plane = t / parts, part = t % parts;
+        float* dst = P + plane * Hp * Wpd;
+        for (int64_t r = Hp * part / parts; r < Hp * (part + 1) / parts; ++r) {
+          float* d = dst + r * Wpd;
+          const int64_t y = r - pt;
+          if (y < 0 || y >= h) {
+            std::memset(d, 0, sizeof(float) * Wpd);
+            continue;
+          }
           std::memset(d, 0, sizeof(float) * pl);
-          std::memcpy(d + pl, X + (t * h + y) * w, sizeof(float) * w);
+          std::memcpy(d + pl, X + (plane * h + y) * w, sizeof(float) * w);
           std::memset(d + pl + w, 0, sizeof(float) * (Wpd - pl - w));
         }
-        std::memset(dst + (h + pt) * Wpd, 0, sizeof(float) * (Hp - h - pt) * Wpd);
       });
       Xp = P;
     }
