@@ -63,6 +63,11 @@ def test_matmul_split(case, tmp_path):
         # rows (five tiles of 10 where tiles are wide), rows strided
         dict(x_shape=(2, 64, 9, 7), w_shape=(48, 64, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
         dict(x_shape=(1, 32, 11, 50), w_shape=(32, 8, 3, 3), strides=(2, 1), pads=(1, 1, 1, 1), group=4, relu=True),
+        # Note [Four-panel tiles]: 128 channels out (two groups of four panels), 13-pixel
+        # rows in tiles of 7 and 6, K = 360 in three blocks of 128, two images; two groups
+        # of 64 channels, stride 2, 15-pixel rows in three tiles of 5
+        dict(x_shape=(2, 40, 14, 13), w_shape=(128, 40, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
+        dict(x_shape=(1, 128, 15, 30), w_shape=(128, 64, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2, bias=True),
         # a stem: 3 channels in, one panel out, padded band by band inside the tasks
         dict(x_shape=(1, 3, 40, 50), w_shape=(16, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, bias=True),
         # regnety's 7x7 stage: 8 channels a group, one band a group, padded inside each
@@ -99,6 +104,8 @@ def test_matmul_split(case, tmp_path):
         "few_pixels_3x3",
         "direct_panels_and_k_blocks",
         "direct_grouped_wide_rows",
+        "direct_four_panels_k_blocks",
+        "direct_four_panels_groups_strided",
         "direct_stem_band_padding",
         "grouped_band_padding",
         "row_depthwise_chunks_bands",

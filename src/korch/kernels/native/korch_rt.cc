@@ -1770,10 +1770,19 @@ struct Linear {
     // 4 + 3, not 6 + 1), and a task is one panel (two with Note [Wide tiles]) over a
     // band of rows, K blocked outside the rows, so a block of weights is read once per
     // band, not once per row
-    constexpr int64_t TR = korch_gemm::wide ? korch_gemm::WR : MR, PP = korch_gemm::wide ? 2 : 1;
-    constexpr int64_t TS = korch_gemm::wide ? korch_gemm::WR * korch_gemm::WN : MR * NR, LD = korch_gemm::wide ? korch_gemm::WN : NR;
+    // Note [Four-panel tiles] (korch_gemm.h): rows of up to 28 pixels in tiles of 7 over
+    // four panels, where the channels come in whole fours of panels
+#if defined(__AVX512F__)
+    const bool quad = wo <= 4 * korch_gemm::QR && panels % 4 == 0;
+    const int64_t TR = quad ? korch_gemm::QR : korch_gemm::WR, PP = quad ? 4 : 2, LD = quad ? korch_gemm::QN : korch_gemm::WN;
+#else
+    constexpr bool quad = false;
+    constexpr int64_t TR = MR, PP = 1, LD = NR;
+#endif
+    const int64_t TS = TR * LD;
     const int64_t tiles = (wo + TR - 1) / TR, pgroups = (panels + PP - 1) / PP;
-    const int64_t kcb = std::min<int64_t>(KK, korch_gemm::KC);
+    // a block of K over four panels: half the rows, so that it stays 32 KB
+    const int64_t kcb = std::min<int64_t>(KK, quad ? korch_gemm::KC / 2 : korch_gemm::KC);
     const int64_t outer = n * group * pgroups;
     int64_t rows = std::max<int64_t>(1, std::min<int64_t>(ho, BAND_TILES / tiles));
     if (outer * ((ho + rows - 1) / rows) < 2 * T) rows = std::max<int64_t>(1, ho * outer / (2 * T));
@@ -1858,7 +1867,7 @@ struct Linear {
       float* acc = reinterpret_cast<float*>(accv.data());
       const int64_t n0 = q0 * NR, nn = std::min<int64_t>(np * NR, cog - n0);
       // Note [Register post-ops]: a tile's row is LD channels, its bias zero past nn
-      alignas(64) float bt[LD] = {};
+      alignas(64) float bt[64] = {};
       korch_gemm::Post tpost = post;
       if (post.bias) {
         for (int64_t j = 0; j < nn; ++j) bt[j] = post.bias[g * cog + n0 + j];
@@ -1883,8 +1892,12 @@ struct Linear {
               float* tile = acc + ((oy - oy0) * tiles + i) * TS;
 #if defined(__AVX512F__)
               const int64_t ti = (oy - oy0) * tiles + i, l0 = next * ti / nt, l1 = next * (ti + 1) / nt;
-              korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0,
-                                     pfb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
+              if (quad)
+                korch_gemm::micro_quad(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, tile, kk > 0,
+                                       pfb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
+              else
+                korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0,
+                                       pfb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
               if constexpr (decltype(with_post)::value) korch_gemm::post_tile16(tpost, tile, mr, LD, np);
 #else
               korch_gemm::micro_at(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, tile, kk > 0);
