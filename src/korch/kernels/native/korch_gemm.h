@@ -426,6 +426,9 @@ inline void micro_wide(int64_t kc, const float* A, int64_t ars, Off off, int64_t
                        int64_t pf_step = 1) {
   if (panels > 1) {
     if (ars == 1) return micro_wide_p<2, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
+    // stride 2 (a stem, a downsampling conv) a constant too: the row addresses are then
+    // displacements, not a chain of adds a k
+    if (ars == 2) return micro_wide_p<2, 2>(kc, A, 2, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
     return micro_wide_p<2, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
   }
   if (ars == 1) return micro_wide_p<1, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
@@ -496,6 +499,7 @@ inline void micro_quad(int64_t kc, const float* A, int64_t ars, Off off, int64_t
 #define KORCH_QCASE(r)                                                                                           \
   case r:                                                                                                        \
     if (ars == 1) return micro_quad_rows<r, 1>(kc, A, 1, off, Bp, pstride, tmp, acc, pf, pf_n, pf_step);         \
+    if (ars == 2) return micro_quad_rows<r, 2>(kc, A, 2, off, Bp, pstride, tmp, acc, pf, pf_n, pf_step);         \
     return micro_quad_rows<r, 0>(kc, A, ars, off, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
   switch (mr) {
     KORCH_QCASE(1) KORCH_QCASE(2) KORCH_QCASE(3) KORCH_QCASE(4) KORCH_QCASE(5) KORCH_QCASE(6)
