@@ -361,6 +361,20 @@ constexpr int64_t WR = 12, WN = 32;
 // its saved plan, two threads, four processes each: 15.8-16.7 -> 15.4-15.8 ms (fetched
 // all at a tile's start: 15.9-16.1); its last stage's convs 1,145-1,174 -> 943-964 us.
 
+// Note [Weights fetched ahead]: the next block's lines, one of each of P panels every
+// step-th k (n lines in all); the micro kernels call tick(k) in their K loops
+struct FetchAhead {
+  const float* pf;
+  int64_t pstride, n, step, wait = 1, j = 0;
+  template <int P>
+  KORCH_INLINE void tick() {
+    if (--wait == 0 && j < n) {
+      for (int q = 0; q < P; ++q) _mm_prefetch(reinterpret_cast<const char*>(pf + q * pstride + j * NR), _MM_HINT_T0);
+      ++j, wait = step;
+    }
+  }
+};
+
 template <int R, int P, int S, class Off>
 KORCH_INLINE void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off off, const float* Bp, int64_t pstride,
                             float* tmp, bool acc, const float* pf, int64_t pf_n, int64_t pf_step) {
@@ -370,15 +384,11 @@ KORCH_INLINE void micro_wide_rows(int64_t kc, const float* A, int64_t ars_, Off 
          c5b = z, c6a = z, c6b = z, c7a = z, c7b = z, c8a = z, c8b = z, c9a = z, c9b = z, c10a = z, c10b = z,
          c11a = z, c11b = z;
   const float* B1 = Bp + pstride;
-  int64_t pf_wait = 1, pf_j = 0;
+  FetchAhead fetch{pf, pstride, pf_n, pf_step};
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * NR);
     const __m512 b1 = P > 1 ? _mm512_load_ps(B1 + k * NR) : z;
-    if (--pf_wait == 0 && pf_j < pf_n) {  // Note [Weights fetched ahead]: every pf_step-th k
-      _mm_prefetch(reinterpret_cast<const char*>(pf + pf_j * NR), _MM_HINT_T0);
-      if constexpr (P > 1) _mm_prefetch(reinterpret_cast<const char*>(pf + pstride + pf_j * NR), _MM_HINT_T0);
-      ++pf_j, pf_wait = pf_step;
-    }
+    fetch.tick<P>();
     const float* a0 = A + off(k);
 #define KORCH_WROW(i)                                  \
   if constexpr (R > i) {                               \
@@ -453,14 +463,11 @@ KORCH_INLINE void micro_quad_rows(int64_t kc, const float* A, int64_t ars_, Off 
          c3a = z, c3b = z, c3c = z, c3d = z, c4a = z, c4b = z, c4c = z, c4d = z, c5a = z, c5b = z, c5c = z, c5d = z,
          c6a = z, c6b = z, c6c = z, c6d = z;
   const float *B1 = Bp + pstride, *B2 = Bp + 2 * pstride, *B3 = Bp + 3 * pstride;
-  int64_t pf_wait = 1, pf_j = 0;
+  FetchAhead fetch{pf, pstride, pf_n, pf_step};
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_load_ps(Bp + k * NR), b1 = _mm512_load_ps(B1 + k * NR);
     const __m512 b2 = _mm512_load_ps(B2 + k * NR), b3 = _mm512_load_ps(B3 + k * NR);
-    if (--pf_wait == 0 && pf_j < pf_n) {  // Note [Weights fetched ahead]
-      for (int q = 0; q < 4; ++q) _mm_prefetch(reinterpret_cast<const char*>(pf + q * pstride + pf_j * NR), _MM_HINT_T0);
-      ++pf_j, pf_wait = pf_step;
-    }
+    fetch.tick<4>();
     const float* a0 = A + off(k);
 #define KORCH_QROW(i)                                  \
   if constexpr (R > i) {                               \
