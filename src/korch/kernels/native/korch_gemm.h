@@ -356,13 +356,24 @@ constexpr int64_t WR = 12, WN = 32;
 // first has brought it in, and that first tile waits on memory. So while a block's
 // tiles run, they fetch the next block's lines (prefetcht0), the tiles sharing them
 // out and each spreading its share over its K loop (pf_n lines, one every pf_step-th
-// k: all at the start, they filled the line-fill buffers and stalled the FMAs); the
-// last block fetches the first of the task the thread likely claims next. resnet18,
+// k: all at the start, they filled the line-fill buffers and stalled the FMAs). resnet18,
 // its saved plan, two threads, four processes each: 15.8-16.7 -> 15.4-15.8 ms (fetched
 // all at a tile's start: 15.9-16.1); its last stage's convs 1,145-1,174 -> 943-964 us.
+// Fetching, in a task's last block, the first block of the task the thread would
+// likely claim next made no difference measured, and is not done.
 
-// Note [Weights fetched ahead]: the next block's lines, one of each of P panels every
-// step-th k (n lines in all); the micro kernels call tick(k) in their K loops
+// Note [Weights fetched ahead]: a tile's share of the next block's lines (n, from pf),
+// one line of each of P panels every step-th k; the micro kernels tick() it in their
+// K loops. fetch_share() is what a caller passes them (pf, pf_n, pf_step): tile t of
+// tiles' part of `lines` lines from `next`, over a K loop of kc.
+struct FetchShare {
+  const float* pf;
+  int64_t n, step;
+};
+inline FetchShare fetch_share(const float* next, int64_t lines, int64_t t, int64_t tiles, int64_t kc) {
+  const int64_t l0 = lines * t / tiles, l1 = lines * (t + 1) / tiles;
+  return {next + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1};
+}
 struct FetchAhead {
   const float* pf;
   int64_t pstride, n, step, wait = 1, j = 0;
@@ -444,6 +455,7 @@ inline void micro_wide(int64_t kc, const float* A, int64_t ars, Off off, int64_t
   if (ars == 1) return micro_wide_p<1, 1>(kc, A, 1, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
   return micro_wide_p<1, 0>(kc, A, ars, off, mr, Bp, pstride, tmp, acc, pf, pf_n, pf_step);
 }
+
 // Note [Four-panel tiles]
 // ~~~~~~~~~~~~~~~~~~~~~~~~
 // A row of 7 or 14 output pixels (resnet18's last two stages) makes tiles of 7 rows,
@@ -588,9 +600,8 @@ inline void gemm_wide(int64_t N, int64_t K, const float* A, int64_t ars, int64_t
         for (int64_t t = 0; t < tiles; ++t) {
           const int64_t i = mb + t * (me - mb) / tiles, mr = mb + (t + 1) * (me - mb) / tiles - i;
           const float* a = A + i * ars + kk * acs;
-          const int64_t l0 = nl * t / tiles, l1 = nl * (t + 1) / tiles;
-          micro_wide(kc, a, ars, [acs](int64_t k) { return k * acs; }, mr, bp, K * NR, np, tmp, false,
-                     nb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
+          const FetchShare f = fetch_share(nb, nl, t, tiles, kc);
+          micro_wide(kc, a, ars, [acs](int64_t k) { return k * acs; }, mr, bp, K * NR, np, tmp, false, f.pf, f.n, f.step);
           const Post* last = kk + kc == K ? post : nullptr;
           if (ccs == 1 && nn == WN) {
             __m512 b0 = _mm512_setzero_ps(), b1 = b0;

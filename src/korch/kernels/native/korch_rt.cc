@@ -1852,12 +1852,6 @@ struct Linear {
         xg = band_rows.data(), y0 = oy0;
       }
       const float* wq = Wp + g * per + q0 * KK * NR;
-      // Note [Weights fetched ahead]: the first block of the task this thread likely
-      // claims next (tasks are claimed in turn: t + T), fetched during the last block
-      const int64_t tn = t + T;
-      const float* nt_w = tn < outer * bands
-                              ? Wp + ((tn / (bands * pgroups)) % group) * per + ((tn / bands) % pgroups) * PP * KK * NR
-                              : nullptr;
       // the band's tiles, summed over K (64-byte aligned for the wide kernel's stores)
       struct alignas(64) Line {
         float f[16];
@@ -1878,9 +1872,7 @@ struct Linear {
         const int64_t* ko = kt + kk;
         const auto off = [ko](int64_t k) { return ko[k]; };
         // Note [Weights fetched ahead]: the band's tiles share out the next block's lines
-        const bool last = kk + kc == KK;
-        const int64_t next = last ? (nt_w ? kcb : 0) : std::min(kcb, KK - kk - kc), nt = (oy1 - oy0) * tiles;
-        const float* pfb = last ? nt_w : wq + (kk + kc) * NR;
+        const int64_t next = std::min(kcb, KK - kk - kc), nt = (oy1 - oy0) * tiles;
         // the rows of the band over this block of K; with_post: a std::bool_constant,
         // so the loop without a post is the loop as it was (a test of the post inside
         // it cost the stem conv 25% with no post: 193 -> 245 us, one Zen 4 core)
@@ -1891,13 +1883,13 @@ struct Linear {
               const int64_t ox0 = i * wo / tiles, mr = (i + 1) * wo / tiles - ox0;
               float* tile = acc + ((oy - oy0) * tiles + i) * TS;
 #if defined(__AVX512F__)
-              const int64_t ti = (oy - oy0) * tiles + i, l0 = next * ti / nt, l1 = next * (ti + 1) / nt;
+              const auto f = korch_gemm::fetch_share(wq + (kk + kc) * NR, next, (oy - oy0) * tiles + i, nt, kc);
               if (quad)
-                korch_gemm::micro_quad(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, tile, kk > 0,
-                                       pfb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
+                korch_gemm::micro_quad(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, tile, kk > 0, f.pf, f.n,
+                                       f.step);
               else
-                korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0,
-                                       pfb + l0 * NR, l1 - l0, l1 > l0 ? std::max<int64_t>(1, kc / (l1 - l0)) : 1);
+                korch_gemm::micro_wide(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, KK * NR, np, tile, kk > 0, f.pf,
+                                       f.n, f.step);
               if constexpr (decltype(with_post)::value) korch_gemm::post_tile16(tpost, tile, mr, LD, np);
 #else
               korch_gemm::micro_at(kc, xrow + ox0 * sw, sw, off, mr, wq + kk * NR, tile, kk > 0);
