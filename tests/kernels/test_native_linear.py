@@ -10,7 +10,7 @@ import pytest
 from test_library_backends import conv_graph, feeds_for, kernel_of, matmul_graph, randn, run_and_compare
 
 from korch.ir import GraphBuilder, Op, evaluate
-from korch.kernels.native.linear import Unsupported, encode, plan_of
+from korch.kernels.native.linear import CODE_VERSION, Unsupported, encode, plan_of
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_float64_is_unsupported():
     plan = plan_of(kg)
     assert plan is not None
     code = encode(plan, [(4, 5), (5, 3)])
-    assert code[0] == 1 and code[1] == 0  # version, matmul
+    assert code[0] == CODE_VERSION and code[1] == 0  # version, matmul
     import dataclasses
 
     with pytest.raises(Unsupported):
@@ -568,3 +568,85 @@ def test_scale_made_in_the_kernel(gate, hw, tmp_path):
         [Op.SIGMOID] if gate == "sigmoid" else [Op.MUL, Op.ADD, Op.MAX, Op.MIN]
     )
     run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # candy's residual block: reflect 1, 3x3, 32 channels (the whole input copied)
+        dict(x=(1, 32, 32, 32), w=(32, 32, 3, 3), group=1, pads=((1, 1), (1, 1)), mode="reflect"),
+        # a stem: few planes, so each band pads its own rows; uneven pads, stride 2
+        dict(x=(1, 3, 40, 36), w=(16, 3, 7, 7), group=1, pads=((3, 2), (1, 3)), mode="reflect", s=2),
+        dict(x=(2, 8, 11, 13), w=(12, 4, 3, 3), group=2, pads=((2, 1), (0, 2)), mode="edge"),
+        dict(x=(1, 16, 14, 14), w=(16, 1, 3, 3), group=16, pads=((1, 1), (1, 1)), mode="reflect"),  # depthwise
+        dict(x=(1, 8, 10, 10), w=(8, 8, 3, 3), group=1, pads=((1, 0), (2, 1)), mode="constant", conv_pads=(1, 1, 1, 1)),
+    ],
+    ids=["candy", "stem", "edge_grouped", "depthwise", "zeros_add"],
+)
+def test_padded_input(case, tmp_path):
+    """Note [Reflected padding]: a Pad ahead of a conv (reflect, edge, or zeros that add
+    to the conv's own) is the conv's padding, one kernel with its bias and ReLU, against
+    the numpy reference (1e-4); the plan's input is the unpadded tensor."""
+    b = GraphBuilder()
+    x = b.input("x", case["x"], "float32")
+    p = b.add(Op.PAD, [x], pads=((0, 0), (0, 0), *case["pads"]), mode=case["mode"], value=0.0)
+    s = case.get("s", 1)
+    co = case["w"][0]
+    y = b.add(
+        Op.CONV,
+        [p, b.const(randn(*case["w"]), name="w")],
+        strides=(s, s),
+        dilations=(1, 1),
+        pads=case.get("conv_pads", (0, 0, 0, 0)),
+        group=case["group"],
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    b.output("y", b.add(Op.MAX, [y, b.scalar(0.0, y)]))
+    kg, consts = kernel_of(b.graph)
+    plan = plan_of(kg)
+    assert plan is not None and plan.a_shape == case["x"]
+    assert plan.attrs.get("pad_mode", "constant") == case["mode"]
+    run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+
+
+def test_a_padded_input_the_conv_cannot_take():
+    """A reflect pad ahead of a conv that pads too, or a pad over channels, is no plan."""
+    for pads, conv_pads in (
+        (((0, 0), (0, 0), (1, 1), (1, 1)), (1, 1, 1, 1)),
+        (((0, 0), (1, 0), (1, 1), (1, 1)), (0,) * 4),
+    ):
+        b = GraphBuilder()
+        x = b.input("x", (1, 4, 8, 8), "float32")
+        p = b.add(Op.PAD, [x], pads=pads, mode="reflect")
+        ci = 4 + pads[1][0]
+        y = b.add(
+            Op.CONV,
+            [p, b.const(randn(4, ci, 3, 3), name="w")],
+            strides=(1, 1),
+            dilations=(1, 1),
+            pads=conv_pads,
+            group=1,
+        )
+        b.output("y", y)
+        kg, _ = kernel_of(b.graph)
+        assert plan_of(kg) is None
+
+
+def test_codes_saved_before_the_pad_mode_still_load():
+    """A saved executable's segment holds its kernels' codes: a version-1 conv code (no
+    pad mode field) still creates a kernel, read as zero padding; against the numpy
+    reference (1e-4)."""
+    from korch.kernels.native.linear import NativeLinearKernel, input_shapes
+
+    kg, consts = kernel_of(conv_graph((1, 4, 9, 9), (6, 4, 3, 3), (1, 1), (1, 1, 1, 1), 1, bias=True))
+    k = NativeLinearKernel(plan_of(kg), consts, input_shapes(kg))
+    code = k.code.copy()
+    d = int(code[8])
+    assert code[0] == 2 and code[9 + d + 16] == 0
+    old = np.delete(code, 9 + d + 16)
+    old[0] = 1
+    k._create(np.ascontiguousarray(old))
+    feeds = feeds_for(kg, consts)
+    (want,) = evaluate(kg, {**feeds, **consts}).values()
+    (got,) = k([feeds[name] if name in feeds else consts[name] for name in kg.inputs])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -36,7 +36,8 @@ epilogue; the fallback for opaque primitives) handle:
   average pool, which the native runtime sums while the epilogue's rows are in
   cache: Note [Pooled taps] in korch_rt.cc), and its input may be a MUL by a
   broadcast operand (squeeze-and-excitation's scale, folded into the weights or the
-  input: Note [Scaled inputs]);
+  input: Note [Scaled inputs]). A 2-D CONV's input may be a PAD (reflect, edge or
+  zeros: the conv's own padding, Note [Reflected padding]);
 * memory-bound kernels (elementwise, reduce, broadcast, layout; layout-only too) hold
   at most ``MAX_REDUCTIONS`` reductions: LayerNorm has 2 (mean, variance), softmax
   2 (max, sum), so 4 covers a norm fused with a softmax-like neighbour; more
@@ -122,11 +123,14 @@ class _Rules:
 
 
 def _prologue(graph: Graph, conv, local: dict[int, int]) -> int:
-    """The conv's input as a MUL, the BROADCAST/RESHAPE nodes before its operands, and
+    """The conv's input as a PAD (the conv's padding: Note [Reflected padding] in
+    korch_rt.cc), or as a MUL, the BROADCAST/RESHAPE nodes before its operands, and
     before those the elementwise steps of one input that make a smaller operand (the
-    scale's sigmoid), as bits of the local DAG (0 if its input is no MUL in it)."""
+    scale's sigmoid), as bits of the local DAG (0 if its input is neither in it)."""
     mul = conv.inputs[0]
     nodes = graph.nodes
+    if mul in local and nodes[mul].op is Op.PAD:
+        return 1 << local[mul]
     if mul not in local or nodes[mul].op is not Op.MUL:
         return 0
     bits_ = 1 << local[mul]

@@ -169,7 +169,9 @@ def match_linear(
     ``unary``, the elementwise functions the backend computes (ERF as well for it).
     ``pools`` (with ``taps``): an output may be a chain value's mean over each channel
     plane of a 2-D conv (``LinearPlan.pools``). ``prologue``: a 2-D conv's input may be
-    an input times a per-channel operand (``LinearPlan.a_scale``)."""
+    an input times a per-channel operand (``LinearPlan.a_scale``), or an input padded
+    on its two spatial axes (with zeros, or reflected or its edge repeated: ``attrs``'
+    ``pads`` and ``pad_mode``)."""
     nodes = kgraph.nodes
     if len(kgraph.outputs) != 1 and not taps:
         return None
@@ -207,6 +209,13 @@ def match_linear(
             return None
         a, a_scale, scale_chain, members = found
         used.update(members)
+    pad = None
+    if prologue and lnode.op is Op.CONV and len(lnode.shape) == 4 and nodes[a].op is Op.PAD and len(users[a]) == 1:
+        pad = _input_pad(nodes[a], lnode.attr("pads"))
+        if pad is None:
+            return None
+        used.add(a)
+        a = nodes[a].inputs[0]
     if any(nodes[i].op is not Op.INPUT or nodes[i].dtype != dtype for i in (a, b)):
         return None
     used |= {a, b}
@@ -276,6 +285,10 @@ def match_linear(
     attrs = {}
     if lnode.op is Op.CONV:
         attrs = {k: lnode.attr(k) for k in ("strides", "dilations", "pads", "group")}
+        if pad is not None:
+            attrs["pads"], mode = pad
+            if mode != "constant":
+                attrs["pad_mode"] = mode
     return LinearPlan(
         lnode.op,
         positions[a],
@@ -292,6 +305,25 @@ def match_linear(
         a_scale,
         scale_chain,
     )
+
+
+def _input_pad(pad, conv_pads) -> tuple[tuple[int, ...], str] | None:
+    """A PAD in front of a 2-D conv as the conv's own padding: (its pads, top, left,
+    bottom, right, and the mode). A zero pad on the two spatial axes adds to the conv's
+    pads; a reflect or edge pad (ONNX's, ahead of a conv with none: a style-transfer
+    net's) becomes the conv's padding in that mode (``LinearPlan.attrs["pad_mode"]``)."""
+    pp = [tuple(int(v) for v in p) for p in pad.attr("pads")]
+    mode = pad.attr("mode", "constant")
+    if len(pp) != 4 or pp[0] != (0, 0) or pp[1] != (0, 0) or min(v for p in pp for v in p) < 0:
+        return None
+    ours = (pp[2][0], pp[3][0], pp[2][1], pp[3][1])
+    if mode == "constant":
+        if float(pad.attr("value", 0.0)) != 0.0:
+            return None
+        return tuple(int(x) + y for x, y in zip(conv_pads, ours)), mode
+    if mode not in ("reflect", "edge") or any(conv_pads):
+        return None
+    return ours, mode
 
 
 def _input_scale(nodes, mul: int, positions: dict, unary) -> tuple[int, Operand, tuple, list[int]] | None:

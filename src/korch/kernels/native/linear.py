@@ -14,7 +14,8 @@ A kernel is described to C++ by an int64 code (``encode``), read by
     1, op (0 matmul, 1 conv), n inputs, n outputs, main output, b constant, a pos, b pos, D,
     out shape[D],
     matmul: batch, M, K, N, A offsets[batch], B offsets[batch]       (elements)
-    conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo
+    conv:   N, C, H, W, Co, kh, kw, sh, sw, dh, dw, pad top, pad left, group, Ho, Wo,
+            pad mode (0 zeros, 1 reflect, 2 edge: Note [Reflected padding])
     n steps, then per step: op, kind (0 unary, 1 scalar, 2 tensor, 3 store, 4 save,
             5 saved, 6 pool, 7 input scale, 8 a step making the scale), value left,
             input pos (output pos for a store or a pool, slot for a save and a saved
@@ -49,7 +50,7 @@ from korch.kernels.base import Backend, CompiledKernel, buffer_address, register
 from korch.kernels.epilogue import EPILOGUE_UNARY, LinearPlan, load_consts, match_linear, save_consts
 from korch.kernels.native.rtkernel import RuntimeKernel
 
-CODE_VERSION = 1
+CODE_VERSION = 2  # 2: a conv's pad mode (1: saved before it, read as zeros)
 OP_CODES = {
     Op.ADD: 1,
     Op.SUB: 2,
@@ -69,6 +70,7 @@ OP_CODES = {
 # GELU's erf as well: its whole formula, x * 0.5 * (1 + erf(x / sqrt 2)), is one chain
 NATIVE_UNARY = EPILOGUE_UNARY | {Op.ERF}
 
+PAD_MODES = {"constant": 0, "reflect": 1, "edge": 2}
 STORE = 20  # kind 3: copy the chain's value so far into output ``pos``; kind 4: into slot ``pos``
 
 
@@ -137,7 +139,10 @@ def encode(plan: LinearPlan, input_shapes: Sequence[tuple[int, ...]]) -> np.ndar
         else:
             raise Unsupported(f"{len(a) - 2}-D convolution")
         group = int(attrs.get("group", 1))
-        code += [a[0], a[1], a[2], a[3], w[0], w[2], w[3], *strides, *dil, *pads, group, out[2], out[3]]
+        mode = PAD_MODES[attrs.get("pad_mode", "constant")]
+        if mode and (len(plan.a_shape) != 4 or not b_const):
+            raise Unsupported("reflected padding: a 2-D convolution with constant weights only")
+        code += [a[0], a[1], a[2], a[3], w[0], w[2], w[3], *strides, *dil, *pads, group, out[2], out[3], mode]
         if w[1] * group != a[1]:
             raise Unsupported("conv weights do not match the channels")
     else:
