@@ -5,6 +5,7 @@ fails to build leaves its steps as they were, recorded."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -243,3 +244,29 @@ def test_an_input_only_korch_kernels_read_is_not_staged(chain, tmp_path):
     # a segment saved before the record: every input staged
     del fused[0].kernel.meta["aligned_inputs"]
     assert Executable(spec_in, spec_out, {}, fused)._align_inputs == {1}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs")
+def test_a_hold_pins_the_holding_thread_and_gives_its_mask_back():
+    """Note [Pinned threads]: while a thread holds the pool (two threads) it runs on
+    the first CPU the process may use; its own mask is back once the last hold goes;
+    with one thread nothing is pinned."""
+    from korch.kernels.native.toolchain import load_runtime
+
+    rt = load_runtime()
+    mask = os.sched_getaffinity(0)
+    rt.korch_set_threads(2)
+    try:
+        rt.korch_pool_hold(1)
+        rt.korch_pool_hold(1)  # nested: still pinned
+        assert os.sched_getaffinity(0) == {min(mask)}
+        rt.korch_pool_hold(0)
+        assert os.sched_getaffinity(0) == {min(mask)}
+        rt.korch_pool_hold(0)
+        assert os.sched_getaffinity(0) == mask and rt.korch_pool_holds() == 0
+        rt.korch_set_threads(1)
+        rt.korch_pool_hold(1)
+        assert os.sched_getaffinity(0) == mask
+        rt.korch_pool_hold(0)
+    finally:
+        rt.korch_set_threads(0)
