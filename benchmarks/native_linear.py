@@ -110,6 +110,12 @@ CASES = {
     "conv3x3 g46 368ch 7x7 + relu": lambda: conv_graph(
         (1, 368, 7, 7), (368, 8, 3, 3), (1, 1), (1, 1, 1, 1), 46, relu=True
     ),
+    "conv1x1 32->24 112x112 + relu": lambda: conv_graph(
+        (1, 32, 112, 112), (24, 32, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True, relu=True
+    ),
+    "conv3x3 g19 152ch 14x14 + relu": lambda: conv_graph(
+        (1, 152, 14, 14), (152, 8, 3, 3), (1, 1), (1, 1, 1, 1), 19, relu=True
+    ),
     "conv3x3 s2 3->32 224x224": lambda: conv_graph((1, 3, 224, 224), (32, 3, 3, 3), (2, 2), (1, 1, 1, 1), 1),
     # resnet18's stem (Note [Transposed tile stores])
     "conv7x7 s2 3->64 224x224 + bias": lambda: conv_graph(

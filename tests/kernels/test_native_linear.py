@@ -87,6 +87,10 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(1, 3, 40, 64), w_shape=(20, 3, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, bias=True),
         dict(x_shape=(2, 16, 9, 45), w_shape=(16, 8, 3, 3), strides=(1, 1), pads=(0, 1, 2, 1), group=2, relu=True),
         dict(x_shape=(1, 4, 10, 40), w_shape=(6, 2, 3, 3), strides=(1, 1), pads=(1, 2, 1, 2), group=2, dil=(1, 2)),
+        # Note [Row pairs]: rows of one vector, two a tile: stride 2 onto 7 x 7 (three
+        # pairs and one row), 4 channels a group; 15-column rows, asymmetric pads, two images
+        dict(x_shape=(1, 24, 13, 13), w_shape=(12, 8, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=3, relu=True),
+        dict(x_shape=(2, 16, 14, 14), w_shape=(16, 8, 3, 3), strides=(1, 1), pads=(1, 0, 1, 2), group=2, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -117,6 +121,8 @@ def test_matmul_split(case, tmp_path):
         "row_conv_stem_blocks",
         "row_conv_groups_pair_and_one",
         "row_conv_dilated_columns",
+        "row_pairs_s2_odd_rows",
+        "row_pairs_15_columns",
     ],
 )
 def test_conv_split(case, tmp_path):

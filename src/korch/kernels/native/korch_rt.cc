@@ -1590,13 +1590,18 @@ struct Linear {
   // 3 -> 16 stride 2 from 224 x 224 111 -> 87. efficientnet_b0's stem (3 -> 32 with
   // SiLU) the same, 229 against 232. ResNet's 7 x 7 stem (147 taps) ran 938 -> 1171 us,
   // so convs past RC_MAX_TAPS stay direct.
-  static constexpr int64_t RC_CB = 8, RC_MAX_CIG = 8, RC_MAX_TAPS = 72;
+  //
+  // Note [Row pairs]: where a row is one vector (wo <= 16: regnety's 14 x 14 and 7 x 7
+  // stages), a tile is that vector in two rows, so that a weight's broadcast still
+  // serves two FMAs. Those convs went direct before, over panels of 16 channels of which
+  // a group of 8 filled half.
+  static constexpr int64_t RC_CB = 8, RC_MAX_CIG = 8, RC_MAX_TAPS = 72, RC_PAIR_WO = 16;
 
   bool row_conv() const {
 #if defined(__AVX512F__)
     const int64_t cig = c / group, cog = co / group;
     return !(cig == 1 && cog == 1) && cig <= RC_MAX_CIG && cig * kh * kw <= RC_MAX_TAPS && b_const &&
-           ((sw == 1 && sh == 1) || (sw == 2 && sh == 2)) && dh == 1 && wo >= ROW_DW_MIN_WO;
+           ((sw == 1 && sh == 1) || (sw == 2 && sh == 2)) && dh == 1 && (wo >= ROW_DW_MIN_WO || wo <= RC_PAIR_WO);
 #else
     return false;
 #endif
@@ -1618,8 +1623,9 @@ struct Linear {
   }
 
 #if defined(__AVX512F__)
-  // NV vectors from column ox0 of output row oy, channels [o0, o0 + nc) of group g
-  template <int NV, int S>
+  // NV vectors from column ox0 of output row oy, channels [o0, o0 + nc) of group g;
+  // ROWS: vector v from column ox0 of row oy + v instead (Note [Row pairs])
+  template <int NV, int S, bool ROWS = false>
   KORCH_INLINE void row_conv_tile(const float* Xg, const float* Wb, float* Yo, int64_t oy, int64_t ox0, int64_t nc,
                                   const float* bias, const korch_gemm::Post* post, const TapColumn* cols,
                                   const float* zeros) const {
@@ -1632,12 +1638,16 @@ struct Linear {
     const float* wk = Wb;
     for (int64_t ci = 0; ci < cig; ++ci)
       for (int64_t ky = 0; ky < kh; ++ky) {
-        const int64_t iy = oy * S - pt + ky;
-        const float* row = iy >= 0 && iy < h ? Xg + (ci * h + iy) * w : zeros;
+        const float* rows[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) {
+          const int64_t iy = (oy + (ROWS ? v : 0)) * S - pt + ky;
+          rows[v] = iy >= 0 && iy < h ? Xg + (ci * h + iy) * w : zeros;
+        }
         for (int64_t kx = 0; kx < kw; ++kx, wk += RC_CB) {
           __m512 x[NV];
 #pragma GCC unroll 2
-          for (int v = 0; v < NV; ++v) x[v] = tap_load<S>(row, cols[v * kw + kx]);
+          for (int v = 0; v < NV; ++v) x[v] = tap_load<S>(rows[v], cols[(ROWS ? 0 : v * kw) + kx]);
 #pragma GCC unroll 8
           for (int j = 0; j < RC_CB; ++j) {
             const __m512 k = _mm512_set1_ps(wk[j]);
@@ -1652,8 +1662,8 @@ struct Linear {
 #pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) {
         if (j >= nc) break;
-        const int64_t ox = ox0 + 16 * v;
-        _mm512_mask_storeu_ps(Yo + j * HW + oy * wo + ox, first_lanes(wo - ox),
+        const int64_t ox = ROWS ? ox0 : ox0 + 16 * v, y = ROWS ? oy + v : oy;
+        _mm512_mask_storeu_ps(Yo + j * HW + y * wo + ox, first_lanes(wo - ox),
                               post ? korch_gemm::post_act16(*post, acc[j][v]) : acc[j][v]);
       }
   }
@@ -1672,6 +1682,13 @@ struct Linear {
     const float* Xg = X + (ni * c + g * cig) * h * w;
     const float* Wb = Wr + (g * nb + blk) * K * RC_CB;
     float* Yo = Y + (ni * co + g * cog + blk * RC_CB) * ho * wo;
+    if (nvec == 1) {  // Note [Row pairs]: a row is one vector; two rows a tile
+      int64_t oy = oy0;
+      for (; oy + 2 <= oy1; oy += 2)
+        row_conv_tile<2, S, true>(Xg, Wb, Yo, oy, 0, nc, bias, post, cols.data(), zeros);
+      if (oy < oy1) row_conv_tile<1, S>(Xg, Wb, Yo, oy, 0, nc, bias, post, cols.data(), zeros);
+      return;
+    }
     for (int64_t oy = oy0; oy < oy1; ++oy) {
       int64_t v = 0;
       for (; v + 2 <= nvec; v += 2)
