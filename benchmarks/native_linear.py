@@ -105,6 +105,7 @@ CASES = {
     ),
     # resnet18's later stages (Note [Direct convolution]: 7 or 14 pixels a row), regnety's
     # grouped 3x3 (8 channels a group) and the stem, the 1x1 convs of EfficientNet/ConvNeXt heads
+    "conv3x3 128->128 28x28": lambda: conv_graph((1, 128, 28, 28), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), 1),
     "conv3x3 256->256 14x14": lambda: conv_graph((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1), 1),
     "conv3x3 512->512 7x7": lambda: conv_graph((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1, 1, 1), 1),
     "conv3x3 g46 368ch 7x7 + relu": lambda: conv_graph(

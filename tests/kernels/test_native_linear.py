@@ -91,6 +91,13 @@ def test_matmul_split(case, tmp_path):
         # pairs and one row), 4 channels a group; 15-column rows, asymmetric pads, two images
         dict(x_shape=(1, 24, 13, 13), w_shape=(12, 8, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=3, relu=True),
         dict(x_shape=(2, 16, 14, 14), w_shape=(16, 8, 3, 3), strides=(1, 1), pads=(1, 0, 1, 2), group=2, bias=True),
+        # Note [Winograd convolution]: two images of odd height and width (a last tile
+        # half outside), 20 channels in, 30 out (five panels); 150 columns, 75 tiles a
+        # row (blocks of 64 and 11 tiles), asymmetric pads; 300 channels in (two K
+        # blocks) and 200 out (blocks of channels)
+        dict(x_shape=(2, 20, 57, 45), w_shape=(30, 20, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
+        dict(x_shape=(1, 16, 14, 150), w_shape=(16, 16, 3, 3), strides=(1, 1), pads=(0, 1, 2, 1), group=1, bias=True),
+        dict(x_shape=(1, 300, 14, 14), w_shape=(200, 300, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -123,6 +130,9 @@ def test_matmul_split(case, tmp_path):
         "row_conv_dilated_columns",
         "row_pairs_s2_odd_rows",
         "row_pairs_15_columns",
+        "winograd_odd_tiles",
+        "winograd_column_blocks",
+        "winograd_k_and_channel_blocks",
     ],
 )
 def test_conv_split(case, tmp_path):
@@ -383,8 +393,9 @@ POST_ACTS = {
         dict(x=(1, 300, 6, 6), w=(20, 300, 1, 1), group=1, pads=(0, 0, 0, 0)),  # K over one block (KC = 256)
         dict(x=(1, 20, 15, 15), w=(20, 1, 3, 3), group=20, pads=(1, 1, 1, 1)),  # channel-blocked depthwise
         dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, pads=(1, 1, 1, 1)),  # direct
+        dict(x=(1, 16, 18, 20), w=(24, 16, 3, 3), group=1, pads=(1, 1, 1, 1)),  # Note [Winograd convolution]
     ],
-    ids=["flat_1x1_7x7", "pointwise", "pointwise_k300", "depthwise", "direct_3x3"],
+    ids=["flat_1x1_7x7", "pointwise", "pointwise_k300", "depthwise", "direct_3x3", "winograd_3x3"],
 )
 def test_register_post_ops(conv, act, tmp_path):
     """Note [Register post-ops]: a per-channel bias and fission's ReLU, ReLU6,
@@ -527,8 +538,9 @@ def test_only_pooled(divided, tmp_path):
         dict(x=(1, 40, 3, 3), w=(4, 40, 1, 1), group=1, pads=(0, 0, 0, 0)),  # a GEMV's panels: the weights
         dict(x=(1, 16, 30, 30), w=(16, 1, 3, 3), group=16, pads=(1, 1, 1, 1)),  # depthwise: the input
         dict(x=(1, 16, 30, 30), w=(16, 8, 3, 3), group=2, pads=(1, 1, 1, 1)),  # Note [Row convolution]: the input
+        dict(x=(1, 32, 28, 28), w=(24, 32, 3, 3), group=1, pads=(1, 1, 1, 1)),  # Note [Winograd convolution]: the weights
     ],
-    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise", "row_conv"],
+    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise", "row_conv", "winograd"],
 )
 def test_scaled_input(case, tmp_path):
     """Note [Scaled inputs]: squeeze-and-excitation's x * s[n, c] read by a conv with a

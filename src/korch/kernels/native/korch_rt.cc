@@ -2095,6 +2095,204 @@ struct Linear {
 #endif
   }
 
+#if defined(__AVX512F__)
+  // Note [Winograd convolution]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A dense 3x3 conv at unit strides computes each 2x2 block of outputs (a tile) from a
+  // 4x4 block of input as Y = A^T [(G g G^T) . (B^T d B)] A (Lavin and Gray, "Fast
+  // Algorithms for Convolutional Neural Networks", 2016: F(2x2, 3x3)): 16 products a
+  // tile and channel pair instead of 36, so the reduction becomes 16 GEMMs, one a
+  // position of the 4x4 transform, U_p [co x ci] @ V_p [ci x tiles], with 2.25x fewer
+  // FMAs. The transforms are adds only. Neither onnxruntime's MLAS nor OpenVINO's
+  // oneDNN uses it for fp32 on this CPU; it was the one way left to beat their direct
+  // convs, which korch's already matched. F(2x2, 3x3) keeps the error of a direct conv
+  // within a few ulps of the sums (F(4x4, 3x3)'s larger transform constants cost
+  // about ten times that). A task is a block of at most 64 tiles (whole tile rows where
+  // a row has at most 64) and of output channels: its input transformed into V
+  // (thread-local, [16][ci][tiles]), the 16 GEMMs through Note [Wide pointwise tiles]'
+  // micro kernel into M ([16][co][tiles]), then the output transform with bias and
+  // activation in registers, written to the NCHW rows. The transformed weights
+  // (16/9 of the direct conv's) are packed once as korch_gemm's left panels.
+  static constexpr int64_t WG_TILES = 64, WG_CO = 128;
+
+  bool winograd() const {
+    static const bool on = [] {
+      const char* e = std::getenv("KORCH_WINOGRAD");
+      return !(e && e[0] == '0');
+    }();
+    return on && korch_gemm::wide && op == 1 && kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 &&
+           group == 1 && pad_mode == 0 && !pools && b_const && c >= 16 && co >= 16 &&
+           ho * wo >= WG_MIN_PIXELS;
+  }
+  static constexpr int64_t WG_MIN_PIXELS = 196;
+
+  // U_p = G g G^T for each filter, packed per position p (16 x packed_a_size(co, c))
+  const float* pack_winograd(const float* W) const {
+    std::lock_guard<std::mutex> lock(pack_mu);
+    if (packed_from != W) {
+      const int64_t per = korch_gemm::packed_a_size(co, c);
+      std::vector<float> U((size_t)(16 * co * c));
+      for (int64_t o = 0; o < co; ++o)
+        for (int64_t i = 0; i < c; ++i) {
+          const float* g = W + (o * c + i) * 9;
+          float t[4][3];  // G g: rows of the 4x3
+          for (int64_t x = 0; x < 3; ++x) {
+            t[0][x] = g[x];
+            t[1][x] = 0.5f * (g[x] + g[3 + x] + g[6 + x]);
+            t[2][x] = 0.5f * (g[x] - g[3 + x] + g[6 + x]);
+            t[3][x] = g[6 + x];
+          }
+          for (int64_t r = 0; r < 4; ++r) {  // (G g) G^T
+            const float u[4] = {t[r][0], 0.5f * (t[r][0] + t[r][1] + t[r][2]), 0.5f * (t[r][0] - t[r][1] + t[r][2]),
+                                t[r][2]};
+            for (int64_t k = 0; k < 4; ++k) U[(size_t)(((r * 4 + k) * co + o) * c + i)] = u[k];
+          }
+        }
+      packed.assign((size_t)(16 * per + 16), 0.0f);
+      for (int64_t p = 0; p < 16; ++p) korch_gemm::pack_a(U.data() + p * co * c, co, c, c, 1, aligned_panels() + p * per);
+      packed_from = W;
+    }
+    return aligned_panels();
+  }
+
+  // lanes l of a load from column c0 (of a row of w) that lie within it
+  static __mmask16 row_lanes(int64_t c0, int64_t w) {
+    const int64_t lo = std::max<int64_t>(0, -c0), hi = std::min<int64_t>(16, w - c0);
+    return hi <= lo ? (__mmask16)0 : (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+  }
+
+  // V[p][ci][at + t] = (B^T d B)_p of tile (ty, tx0 + t), t < nt <= 16, channel ci
+  void winograd_in(const float* Xn, float* V, int64_t nv, int64_t ty, int64_t tx0, int64_t nt, int64_t at) const {
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i next_e = _mm512_set_epi32(16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
+    const __m512i next_o = _mm512_set_epi32(17, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
+    const int64_t c0 = 2 * tx0 - pl;
+    const __mmask16 m0 = row_lanes(c0, w), m1 = row_lanes(c0 + 16, w), m2 = row_lanes(c0 + 32, w);
+    const __mmask16 out = (__mmask16)((1u << nt) - 1u);
+    const __m512 z = _mm512_setzero_ps();
+    for (int64_t ci = 0; ci < c; ++ci) {
+      __m512 d[4][4];
+      for (int r = 0; r < 4; ++r) {
+        const int64_t iy = 2 * ty - pt + r;
+        if (iy < 0 || iy >= h) {
+          d[r][0] = d[r][1] = d[r][2] = d[r][3] = z;
+          continue;
+        }
+        const float* row = Xn + (ci * h + iy) * w + c0;
+        const __m512 a = _mm512_maskz_loadu_ps(m0, row), b = _mm512_maskz_loadu_ps(m1, row + 16),
+                     e = _mm512_maskz_loadu_ps(m2, row + 32);
+        d[r][0] = _mm512_permutex2var_ps(a, evens, b);  // column 2t
+        d[r][1] = _mm512_permutex2var_ps(a, odds, b);   // 2t + 1
+        d[r][2] = _mm512_permutex2var_ps(d[r][0], next_e, e);
+        d[r][3] = _mm512_permutex2var_ps(d[r][1], next_o, e);
+      }
+      __m512 t[4][4];  // B^T d
+      for (int j = 0; j < 4; ++j) {
+        t[0][j] = _mm512_sub_ps(d[0][j], d[2][j]);
+        t[1][j] = _mm512_add_ps(d[1][j], d[2][j]);
+        t[2][j] = _mm512_sub_ps(d[2][j], d[1][j]);
+        t[3][j] = _mm512_sub_ps(d[1][j], d[3][j]);
+      }
+      float* v = V + ci * nv + at;
+      const int64_t ps = c * nv;  // a position's stride
+      for (int i = 0; i < 4; ++i) {  // (B^T d) B
+        _mm512_mask_storeu_ps(v + (i * 4 + 0) * ps, out, _mm512_sub_ps(t[i][0], t[i][2]));
+        _mm512_mask_storeu_ps(v + (i * 4 + 1) * ps, out, _mm512_add_ps(t[i][1], t[i][2]));
+        _mm512_mask_storeu_ps(v + (i * 4 + 2) * ps, out, _mm512_sub_ps(t[i][2], t[i][1]));
+        _mm512_mask_storeu_ps(v + (i * 4 + 3) * ps, out, _mm512_sub_ps(t[i][1], t[i][3]));
+      }
+    }
+  }
+
+  int conv_winograd(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
+    using korch_gemm::MR;
+    const int64_t HW = ho * wo, th = (ho + 1) / 2, tw = (wo + 1) / 2;
+    const int64_t per = korch_gemm::packed_a_size(co, c);
+    const float* U = scale_panels(pack_winograd(W), 16 * per, c, MR);  // Note [Scaled inputs]
+    const int64_t tc = std::min(tw, WG_TILES), tr = std::max<int64_t>(1, WG_TILES / tc);
+    const int64_t rblocks = (th + tr - 1) / tr, cblocks_x = (tw + tc - 1) / tc, tblocks = rblocks * cblocks_x;
+    const int64_t ptiles = (co + MR - 1) / MR;
+    int64_t oblocks = (co + WG_CO - 1) / WG_CO;
+    if (n * tblocks * oblocks < 2 * T) oblocks = std::min(ptiles, (2 * T + n * tblocks - 1) / (n * tblocks));
+    const int64_t tiles_per = (ptiles + oblocks - 1) / oblocks;
+    oblocks = (ptiles + tiles_per - 1) / tiles_per;
+    std::vector<float> bias_buf;
+    korch_gemm::Post post = post_for(ptrs, bias_buf);
+    const float* bias = post_steps ? post.bias : nullptr;
+    const bool act = post_steps > 0;
+    const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    parallel_for(n * tblocks * oblocks, T, [&](int64_t t) {
+      const int64_t ob = t % oblocks, tb = (t / oblocks) % tblocks, ni = t / (oblocks * tblocks);
+      const int64_t ty0 = (tb / cblocks_x) * tr, ty1 = std::min(th, ty0 + tr);
+      const int64_t tx0 = (tb % cblocks_x) * tc, ncol = std::min(tc, tw - tx0), nv = (ty1 - ty0) * ncol;
+      const int64_t p0 = ob * tiles_per, p1 = std::min(ptiles, p0 + tiles_per);
+      const int64_t o0 = p0 * MR, o1 = std::min(co, p1 * MR);
+      thread_local std::vector<float> Vb, Mb;
+      Vb.resize((size_t)(16 * c * nv + 16));
+      Mb.resize((size_t)(16 * (o1 - o0) * nv + 16));
+      float* V = Vb.data();
+      float* M = Mb.data();
+      const float* Xn = X + ni * c * h * w;
+      for (int64_t ty = ty0; ty < ty1; ++ty)
+        for (int64_t x = 0; x < ncol; x += 16)
+          winograd_in(Xn, V, nv, ty, tx0 + x, std::min<int64_t>(16, ncol - x), (ty - ty0) * ncol + x);
+      const int64_t mo = o1 - o0;
+      for (int64_t p = 0; p < 16; ++p)
+        for (int64_t q = 0; q < nv; q += 64) {
+          const int64_t np = std::min<int64_t>(64, nv - q);
+          for (int64_t kk = 0; kk < c; kk += korch_gemm::KC) {
+            const int64_t kc = std::min(korch_gemm::KC, c - kk);
+            for (int64_t pi = p0; pi < p1; ++pi) {
+              const int64_t r0 = pi * MR, mr = std::min(MR, co - r0);
+              korch_gemm::micro_a_wide(mr, np, kc, U + p * per + (pi * c + kk) * MR, V + (p * c + kk) * nv + q, nv,
+                                       M + (p * mo + r0 - o0) * nv + q, nv, kk > 0);
+            }
+          }
+        }
+      float* Yn = Y + ni * co * HW;
+      for (int64_t o = o0; o < o1; ++o) {
+        const __m512 b = _mm512_set1_ps(bias ? bias[o] : 0.0f);
+        for (int64_t ty = ty0; ty < ty1; ++ty)
+          for (int64_t x = 0; x < ncol; x += 16) {
+            const int64_t nt = std::min<int64_t>(16, ncol - x);
+            const float* m = M + (o - o0) * nv + (ty - ty0) * ncol + x;
+            const int64_t ps = mo * nv;
+            __m512 s[2][4];  // A^T m
+            for (int k = 0; k < 4; ++k) {
+              const __m512 m0 = _mm512_loadu_ps(m + (0 * 4 + k) * ps), m1 = _mm512_loadu_ps(m + (1 * 4 + k) * ps),
+                           m2 = _mm512_loadu_ps(m + (2 * 4 + k) * ps), m3 = _mm512_loadu_ps(m + (3 * 4 + k) * ps);
+              s[0][k] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+              s[1][k] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+            }
+            const int64_t ox = 2 * (tx0 + x);
+            const __mmask16 mlo = first_lanes(std::min(2 * nt, wo - ox)), mhi = first_lanes(std::min(2 * nt, wo - ox) - 16);
+            for (int a = 0; a < 2; ++a) {
+              const int64_t oy = 2 * ty + a;
+              if (oy >= ho) break;
+              __m512 y0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[a][0], s[a][1]), s[a][2]), b);
+              __m512 y1 = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(s[a][1], s[a][2]), s[a][3]), b);
+              if (act) y0 = korch_gemm::post_act16(post, y0), y1 = korch_gemm::post_act16(post, y1);
+              float* yr = Yn + o * HW + oy * wo + ox;
+              _mm512_mask_storeu_ps(yr, mlo, _mm512_permutex2var_ps(y0, lo_idx, y1));
+              if (mhi) _mm512_mask_storeu_ps(yr + 16, mhi, _mm512_permutex2var_ps(y0, hi_idx, y1));
+            }
+          }
+        const int64_t oy0 = 2 * ty0, oy1 = std::min(ho, 2 * ty1);
+        if (ncol == tw) {
+          epilogue(Y, ptrs, (ni * co + o) * HW + oy0 * wo, (ni * co + o) * HW + oy1 * wo, post_steps);
+        } else {
+          const int64_t ox0 = 2 * tx0, ox1 = std::min(wo, 2 * (tx0 + ncol));
+          for (int64_t oy = oy0; oy < oy1; ++oy)
+            epilogue(Y, ptrs, (ni * co + o) * HW + oy * wo + ox0, (ni * co + o) * HW + oy * wo + ox1, post_steps);
+        }
+      }
+    });
+    return 0;
+  }
+#endif
+
   // Note [Pointwise convolution rows]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
   // A 1x1 convolution (unit strides, no padding) over NCHW is, per image and group,
@@ -2316,6 +2514,9 @@ struct Linear {
       });
       return 0;
     }
+#if defined(__AVX512F__)
+    if (winograd()) return conv_winograd(X, W, Y, ptrs, T);  // Note [Winograd convolution]
+#endif
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
     if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
