@@ -598,8 +598,12 @@ def test_scale_made_in_the_kernel(gate, hw, tmp_path):
         dict(x=(2, 8, 11, 13), w=(12, 4, 3, 3), group=2, pads=((2, 1), (0, 2)), mode="edge"),
         dict(x=(1, 16, 14, 14), w=(16, 1, 3, 3), group=16, pads=((1, 1), (1, 1)), mode="reflect"),  # depthwise
         dict(x=(1, 8, 10, 10), w=(8, 8, 3, 3), group=1, pads=((1, 0), (2, 1)), mode="constant", conv_pads=(1, 1, 1, 1)),
+        # Note [Winograd convolution]: edge pads of two rows above, two images; reflected
+        # columns at the right of a second block of tiles (140 columns: 64 + 6 tiles)
+        dict(x=(2, 16, 15, 21), w=(24, 16, 3, 3), group=1, pads=((2, 1), (1, 2)), mode="edge"),
+        dict(x=(1, 16, 10, 140), w=(16, 16, 3, 3), group=1, pads=((1, 1), (1, 1)), mode="reflect"),
     ],
-    ids=["candy", "stem", "edge_grouped", "depthwise", "zeros_add"],
+    ids=["candy", "stem", "edge_grouped", "depthwise", "zeros_add", "winograd_edge", "winograd_reflect_blocks"],
 )
 def test_padded_input(case, tmp_path):
     """Note [Reflected padding]: a Pad ahead of a conv (reflect, edge, or zeros that add

@@ -2112,7 +2112,8 @@ struct Linear {
   // (thread-local, [16][ci][tiles]), the 16 GEMMs through Note [Wide pointwise tiles]'
   // micro kernel into M ([16][co][tiles]), then the output transform with bias and
   // activation in registers, written to the NCHW rows. The transformed weights
-  // (16/9 of the direct conv's) are packed once as korch_gemm's left panels.
+  // (16/9 of the direct conv's) are packed once as korch_gemm's left panels. A reflected
+  // or edge pad (Note [Reflected padding]) is read where the input transform loads.
   static constexpr int64_t WG_TILES = 64, WG_CO = 128;
 
   bool winograd() const {
@@ -2121,7 +2122,7 @@ struct Linear {
       return !(e && e[0] == '0');
     }();
     return on && korch_gemm::wide && op == 1 && kh == 3 && kw == 3 && sh == 1 && sw == 1 && dh == 1 && dw == 1 &&
-           group == 1 && pad_mode == 0 && !pools && b_const && c >= 16 && co >= 16 &&
+           group == 1 && !pools && b_const && c >= 16 && co >= 16 &&
            ho * wo >= WG_MIN_PIXELS;
   }
   static constexpr int64_t WG_MIN_PIXELS = 196;
@@ -2170,18 +2171,30 @@ struct Linear {
     const int64_t c0 = 2 * tx0 - pl;
     const __mmask16 m0 = row_lanes(c0, w), m1 = row_lanes(c0 + 16, w), m2 = row_lanes(c0 + 32, w);
     const __mmask16 out = (__mmask16)((1u << nt) - 1u);
+    const bool border = c0 < 0 || c0 + 2 * nt + 2 > w;
     const __m512 z = _mm512_setzero_ps();
     for (int64_t ci = 0; ci < c; ++ci) {
       __m512 d[4][4];
       for (int r = 0; r < 4; ++r) {
-        const int64_t iy = 2 * ty - pt + r;
+        int64_t iy = 2 * ty - pt + r;
         if (iy < 0 || iy >= h) {
-          d[r][0] = d[r][1] = d[r][2] = d[r][3] = z;
-          continue;
+          if (!pad_mode) {
+            d[r][0] = d[r][1] = d[r][2] = d[r][3] = z;
+            continue;
+          }
+          iy = mirrored(iy, h);  // Note [Reflected padding]
         }
-        const float* row = Xn + (ci * h + iy) * w + c0;
-        const __m512 a = _mm512_maskz_loadu_ps(m0, row), b = _mm512_maskz_loadu_ps(m1, row + 16),
-                     e = _mm512_maskz_loadu_ps(m2, row + 32);
+        const float* plane_row = Xn + (ci * h + iy) * w;
+        const float* row = plane_row + c0;
+        __m512 a = _mm512_maskz_loadu_ps(m0, row), b = _mm512_maskz_loadu_ps(m1, row + 16),
+               e = _mm512_maskz_loadu_ps(m2, row + 32);
+        if (pad_mode && border) {  // the columns in the pad the tiles read, reflected
+          alignas(64) float tmp[48];
+          _mm512_store_ps(tmp, a), _mm512_store_ps(tmp + 16, b), _mm512_store_ps(tmp + 32, e);
+          for (int64_t x = c0; x < 0; ++x) tmp[x - c0] = plane_row[mirrored(x, w)];
+          for (int64_t x = std::max(w, c0); x < c0 + 2 * nt + 2; ++x) tmp[x - c0] = plane_row[mirrored(x, w)];
+          a = _mm512_load_ps(tmp), b = _mm512_load_ps(tmp + 16), e = _mm512_load_ps(tmp + 32);
+        }
         d[r][0] = _mm512_permutex2var_ps(a, evens, b);  // column 2t
         d[r][1] = _mm512_permutex2var_ps(a, odds, b);   // 2t + 1
         d[r][2] = _mm512_permutex2var_ps(d[r][0], next_e, e);
@@ -2419,6 +2432,9 @@ struct Linear {
     // MobileNetV3's 0.7-1.4 MFLOP depthwise convs ran serially at 100-200 us
     const double flops = 2.0 * n * co * HW * KK * (cig == 1 && cog == 1 ? 4 : 1);
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
+#if defined(__AVX512F__)
+    if (winograd()) return conv_winograd(X, W, Y, ptrs, T);  // Note [Winograd convolution]
+#endif
     if (pad_mode) {  // Note [Reflected padding]: the direct conv's padded copy only
       if (!korch_gemm::available) {
         korch_set_error("conv: reflected or edge padding needs the direct convolution (AVX2 and FMA)");
@@ -2514,9 +2530,6 @@ struct Linear {
       });
       return 0;
     }
-#if defined(__AVX512F__)
-    if (winograd()) return conv_winograd(X, W, Y, ptrs, T);  // Note [Winograd convolution]
-#endif
     const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
     if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
