@@ -298,7 +298,11 @@ void parallel_for(int64_t n, int T, F&& f) {
 // korch_parallel_launch on a 2-core Zen 4 VM), so they are conservative. Lowering them
 // did not help mobilenetv3_small: its small elementwise kernels are slow on two threads
 // because their input was written by the other core, not because of the hand-off.
-constexpr double SERIAL_FLOPS = 1.5e6;
+// A GEMV does two FLOPs a weight, so 1.5 MFLOP is 3 MB of weights read once: memory
+// bound, at about 30 GB/s a core from L3. So weights past SERIAL_WEIGHT_BYTES go
+// parallel whatever the FLOPs (mobilenetv3_small's 576 -> 1024 head on one pixel, 2.4
+// MB: 75 us on one thread in place).
+constexpr double SERIAL_FLOPS = 1.5e6, SERIAL_WEIGHT_BYTES = 256 * 1024;
 // Note [Direct convolution bands]: a band holds up to this many register tiles (6 x 16
 // floats each: 96 tiles are 36 KB, summed over K where L1 and L2 keep them)
 constexpr int64_t BAND_TILES = 96;
@@ -1010,7 +1014,7 @@ struct Linear {
     float* C = static_cast<float*>(ptrs[nin + main]);
     const float* Bp = pack(static_cast<const float*>(ptrs[b]), 1, 0, K, N, N, 1);
     const int64_t panels = (N + korch_gemm::NR - 1) / korch_gemm::NR;
-    const int T = 2.0 * batch * M * N * K < SERIAL_FLOPS ? 1 : threads();
+    const int T = 2.0 * batch * M * N * K < SERIAL_FLOPS && 4.0 * K * N < SERIAL_WEIGHT_BYTES ? 1 : threads();
     const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
     const bool rows = M >= 4 * korch_gemm::MR * parts || panels < parts;
     const int64_t tasks = batch * parts;
@@ -2431,7 +2435,7 @@ struct Linear {
     // so its work is counted four times against Note [Serial small kernels]' threshold:
     // MobileNetV3's 0.7-1.4 MFLOP depthwise convs ran serially at 100-200 us
     const double flops = 2.0 * n * co * HW * KK * (cig == 1 && cog == 1 ? 4 : 1);
-    const int T = flops < SERIAL_FLOPS ? 1 : threads();
+    const int T = flops < SERIAL_FLOPS && 4.0 * co * KK < SERIAL_WEIGHT_BYTES ? 1 : threads();
 #if defined(__AVX512F__)
     if (winograd()) return conv_winograd(X, W, Y, ptrs, T);  // Note [Winograd convolution]
 #endif
