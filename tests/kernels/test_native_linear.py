@@ -538,9 +538,19 @@ def test_only_pooled(divided, tmp_path):
         dict(x=(1, 40, 3, 3), w=(4, 40, 1, 1), group=1, pads=(0, 0, 0, 0)),  # a GEMV's panels: the weights
         dict(x=(1, 16, 30, 30), w=(16, 1, 3, 3), group=16, pads=(1, 1, 1, 1)),  # depthwise: the input
         dict(x=(1, 16, 30, 30), w=(16, 8, 3, 3), group=2, pads=(1, 1, 1, 1)),  # Note [Row convolution]: the input
-        dict(x=(1, 32, 28, 28), w=(24, 32, 3, 3), group=1, pads=(1, 1, 1, 1)),  # Note [Winograd convolution]: the weights
+        dict(x=(1, 32, 28, 28), w=(24, 32, 3, 3), group=1, pads=(1, 1, 1, 1)),  # Winograd: the weights
     ],
-    ids=["weights", "input", "batch2", "grouped", "few_pixels", "few_pixels_weights", "depthwise", "row_conv", "winograd"],
+    ids=[
+        "weights",
+        "input",
+        "batch2",
+        "grouped",
+        "few_pixels",
+        "few_pixels_weights",
+        "depthwise",
+        "row_conv",
+        "winograd",
+    ],
 )
 def test_scaled_input(case, tmp_path):
     """Note [Scaled inputs]: squeeze-and-excitation's x * s[n, c] read by a conv with a
