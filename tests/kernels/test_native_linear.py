@@ -4,6 +4,10 @@ cases run in tests/kernels/test_library_backends.py with every linear backend)."
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,6 +155,49 @@ def _conv3x3_bias(b, x, ci: int, co: int) -> int:
         group=1,
     )
     return b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+
+
+_PATH_PROBE = """
+import sys
+
+import numpy as np
+
+sys.path.insert(0, sys.argv[1])
+from test_library_backends import conv_graph, feeds_for, kernel_of
+
+from korch.kernels.registry import get_backend
+
+kg, consts = kernel_of(conv_graph((1, 16, 20, 20), (24, 16, 3, 3), (1, 1), (1, 1, 1, 1), 1, bias=True))
+feeds = feeds_for(kg, consts)
+k = get_backend("native").build(kg, consts, 2)
+(y,) = k([feeds[n] if n in feeds else consts[n] for n in kg.inputs])
+sys.stdout.write(np.ascontiguousarray(y, dtype=np.float32).tobytes().hex())
+"""
+
+
+def test_winograd_is_the_path_taken():
+    """Note [Winograd convolution]: a dense 3x3 conv over 400 pixels runs as Winograd,
+    not the direct conv. KORCH_WINOGRAD is read once a process, so the same kernel runs
+    in two processes of its own, with it on and off: the outputs round differently
+    (structure) and agree within 1e-4 (numbers)."""
+    if not _avx512():
+        pytest.skip("Note [Winograd convolution] is AVX-512 code")
+
+    def run(flag: str) -> np.ndarray:
+        env = {**os.environ, "KORCH_WINOGRAD": flag}
+        out = subprocess.run(
+            [sys.executable, "-c", _PATH_PROBE, str(Path(__file__).parent)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return np.frombuffer(bytes.fromhex(out), np.float32)
+
+    on, off = run("1"), run("0")
+    assert on.size == 24 * 20 * 20 and off.size == on.size
+    assert not np.array_equal(on, off)
+    np.testing.assert_allclose(on, off, rtol=1e-4, atol=1e-4)
 
 
 def test_residual_epilogue():
