@@ -102,6 +102,10 @@ def test_matmul_split(case, tmp_path):
         dict(x_shape=(2, 20, 57, 45), w_shape=(30, 20, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
         dict(x_shape=(1, 16, 14, 150), w_shape=(16, 16, 3, 3), strides=(1, 1), pads=(0, 1, 2, 1), group=1, bias=True),
         dict(x_shape=(1, 300, 14, 14), w_shape=(200, 300, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, bias=True),
+        # Note [Strided pointwise]: two images of odd height and width at stride 2 (8 x 9
+        # pixels read); strides 1 and 2
+        dict(x_shape=(2, 24, 15, 17), w_shape=(40, 24, 1, 1), strides=(2, 2), pads=(0, 0, 0, 0), group=1, relu=True),
+        dict(x_shape=(1, 16, 6, 40), w_shape=(32, 16, 1, 1), strides=(1, 2), pads=(0, 0, 0, 0), group=1, bias=True),
     ],
     ids=[
         "3x3_bias",
@@ -137,6 +141,8 @@ def test_matmul_split(case, tmp_path):
         "winograd_odd_tiles",
         "winograd_column_blocks",
         "winograd_k_and_channel_blocks",
+        "strided_pointwise_odd",
+        "strided_pointwise_columns",
     ],
 )
 def test_conv_split(case, tmp_path):
