@@ -103,13 +103,13 @@ CASES = {
     "conv1x1 576->96 7x7 + bias": lambda: conv_graph(
         (1, 576, 7, 7), (96, 576, 1, 1), (1, 1), (0, 0, 0, 0), 1, bias=True
     ),
-    # resnet18's later stages (Note [Direct convolution]: 7 or 14 pixels a row), regnety's
-    # grouped 3x3 (8 channels a group) and the stem, the 1x1 convs of EfficientNet/ConvNeXt heads
     # YOLOv5's 6x6 stride-2 stem
     "conv6x6 s2 3->16 320x320": lambda: conv_graph((1, 3, 320, 320), (16, 3, 6, 6), (2, 2), (2, 2, 2, 2), 1),
     # resnet50's bottleneck expansions
     "conv1x1 128->512 28x28": lambda: conv_graph((1, 128, 28, 28), (512, 128, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 256->1024 14x14": lambda: conv_graph((1, 256, 14, 14), (1024, 256, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    # resnet18's later stages (Note [Direct convolution]: 7 or 14 pixels a row), regnety's
+    # grouped 3x3 (8 channels a group) and the stem, the 1x1 convs of EfficientNet/ConvNeXt heads
     "conv3x3 128->128 28x28": lambda: conv_graph((1, 128, 28, 28), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), 1),
     "conv3x3 256->256 14x14": lambda: conv_graph((1, 256, 14, 14), (256, 256, 3, 3), (1, 1), (1, 1, 1, 1), 1),
     "conv3x3 512->512 7x7": lambda: conv_graph((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), (1, 1, 1, 1), 1),

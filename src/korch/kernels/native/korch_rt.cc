@@ -472,6 +472,16 @@ void unary(int64_t op, float* __restrict v, int64_t n) {
 }
 
 // --- the kernel ------------------------------------------------------------------------
+// the first 64-byte boundary at or after p (scratch vectors hold 16 floats more)
+inline float* align64(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
+#if defined(__AVX512F__)
+// lane l takes lane 2l of (a, b) in _mm512_permutex2var_ps: the even floats of 32
+inline __m512i even_lanes() { return _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0); }
+#endif
+
 struct Linear {
   int64_t op = 0, nin = 0, nout = 1, main = 0, a = 0, b = 0, b_const = 0;
   // the weights packed for korch_gemm on the first call (b_const: they never change)
@@ -714,7 +724,7 @@ struct Linear {
     if (!panel_scale) return P;
     const int64_t cig = c / group, taps = K / cig, panels = per / (K * lanes);
     scaled.resize((size_t)(per * group + 16));
-    float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scaled.data()) + 63) & ~uintptr_t(63));
+    float* out = align64(scaled.data());
     thread_local std::vector<float> sx;  // a panel's [K][lanes] of scales: one flat product a panel
     sx.resize((size_t)(K * lanes));
     for (int64_t g = 0; g < group; ++g) {
@@ -753,7 +763,7 @@ struct Linear {
     }
     scaled.resize((size_t)(n * c * HW + 16));
     const float* X = static_cast<const float*>(p[a]);
-    float* Xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scaled.data()) + 63) & ~uintptr_t(63));
+    float* Xs = align64(scaled.data());
     const int T = n * c * HW < 16384 ? 1 : threads();  // a task a thread: a claim is an atomic
     parallel_for(T, T, [&](int64_t part) {
       for (int64_t t = n * c * part / T; t < n * c * (part + 1) / T; ++t)
@@ -998,10 +1008,7 @@ struct Linear {
   // A panel row is NR = 16 floats, one 64-byte cache line. The vector's storage is
   // 16-byte aligned, so a row straddled two lines and every other load of the micro
   // kernel was a split load; the panels start at the first 64-byte boundary of it.
-  float* aligned_panels() const {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(packed.data());
-    return reinterpret_cast<float*>((p + 63) & ~uintptr_t(63));
-  }
+  float* aligned_panels() const { return align64(packed.data()); }
 
   bool packed_matmul() const {
     if (!korch_gemm::available || !b_const || M < korch_gemm::MR) return false;
@@ -1318,9 +1325,6 @@ struct Linear {
     thread_local std::vector<float> Pv, Rv, Tv, zeros;
     if (Pv.size() < (size_t)(bh * pw * L + L)) Pv.resize((size_t)(bh * pw * L + L));
     if (Rv.size() < (size_t)((nq + DW16_PIXELS) * L + L)) Rv.resize((size_t)((nq + DW16_PIXELS) * L + L));
-    auto align64 = [](float* p) {
-      return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
-    };
     float* P = align64(Pv.data());
     float* R = align64(Rv.data());
     const int64_t r0 = std::min(h, std::max<int64_t>(0, iy0)), r1 = std::max(r0, std::min(h, iy0 + bh));
@@ -1460,7 +1464,7 @@ struct Linear {
     if constexpr (S == 1) {
       return _mm512_maskz_loadu_ps(tc.lo, row + tc.off);
     } else {
-      const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+      const __m512i evens = even_lanes();
       return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tc.lo, row + tc.off), evens,
                                     _mm512_maskz_loadu_ps(tc.hi, row + tc.off + 16));
     }
@@ -1668,7 +1672,7 @@ struct Linear {
                 x[v] = _mm512_mask_loadu_ps(_mm512_maskz_loadu_ps(lo, rows[2 * v] + tc.off), (__mmask16)(lo << 8),
                                             rows[2 * v + 1] + tc.off - 8);
               } else {
-                const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                const __m512i evens = even_lanes();
                 x[v] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(tc.lo, rows[2 * v] + tc.off), evens,
                                               _mm512_maskz_loadu_ps(tc.lo, rows[2 * v + 1] + tc.off));
               }
@@ -2169,7 +2173,7 @@ struct Linear {
 
   // V[p][ci][at + t] = (B^T d B)_p of tile (ty, tx0 + t), t < nt <= 16, channel ci
   void winograd_in(const float* Xn, float* V, int64_t nv, int64_t ty, int64_t tx0, int64_t nt, int64_t at) const {
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i evens = even_lanes();
     const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     const __m512i next_e = _mm512_set_epi32(16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
     const __m512i next_o = _mm512_set_epi32(17, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1);
@@ -2312,6 +2316,9 @@ struct Linear {
     return 0;
   }
 #endif
+
+  // whether 16-pixel vectors over HW pixels compute over 15% more than there are (49: 64)
+  static bool vectors_waste(int64_t HW) { return (HW + 15) / 16 * 16 * 20 > HW * 23; }
 
   // Note [Pointwise convolution rows]
   // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -2542,9 +2549,9 @@ struct Linear {
     // from 56 x 56: 1376 us alone, onnxruntime 1337); the pixels it reads, gathered into
     // a contiguous copy, make it a pointwise conv (Note [Pointwise convolution rows])
     if (kh == 1 && kw == 1 && pt == 0 && pl == 0 && (sh > 1 || sw > 1) && b_const && korch_gemm::available &&
-        HW >= korch_gemm::NR && (HW + 15) / 16 * 16 * 20 <= HW * 23) {
+        HW >= korch_gemm::NR && !vectors_waste(HW)) {
       gathered.resize((size_t)(n * c * HW + 16));
-      float* Xs = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(gathered.data()) + 63) & ~uintptr_t(63));
+      float* Xs = align64(gathered.data());
       const int64_t planes = n * c, parts = std::min<int64_t>(planes, 4 * T);
       parallel_for(parts, T, [&](int64_t part) {
         for (int64_t q = planes * part / parts; q < planes * (part + 1) / parts; ++q) {
@@ -2560,7 +2567,7 @@ struct Linear {
     if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
     // pixels than there are (49: 64), the direct conv's pixel rows instead
-    if (direct && korch_gemm::wide && b_const && (HW + 15) / 16 * 16 * 20 > HW * 23)
+    if (direct && korch_gemm::wide && b_const && vectors_waste(HW))
       return conv_direct(X, panels_b(W), Y, ptrs, T, /*flat=*/true);
     if (direct && korch_gemm::available && b_const) return conv_pointwise(X, W, Y, ptrs, T);
     if (!direct && korch_gemm::available && b_const)
