@@ -41,7 +41,11 @@ def act_graph(linear: str, x_shape, w_shape, act: str, stride: int = 1, pad: int
         y = b.binary(Op.ADD, y, b.reshape(bias, (n, 1, 1)))
     else:
         y = b.binary(Op.ADD, b.add(Op.MATMUL, [x, w]), bias)
-    if act == "silu":
+    if act == "residual + relu":  # a ResNet bottleneck's last conv (1x1, stride 1)
+        r = b.input("r", (x_shape[0], n, *x_shape[2:]), "float32")
+        y = b.binary(Op.ADD, y, r)
+        y = b.binary(Op.MAX, y, b.scalar(0.0, y))
+    elif act == "silu":
         y = b.binary(Op.MUL, y, b.add(Op.SIGMOID, [y]))
     elif act == "gelu":
         e = b.add(Op.ERF, [b.binary(Op.DIV, y, b.scalar(2.0**0.5, y))])
@@ -108,6 +112,9 @@ CASES = {
     # resnet50's bottleneck expansions
     "conv1x1 128->512 28x28": lambda: conv_graph((1, 128, 28, 28), (512, 128, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 256->1024 14x14": lambda: conv_graph((1, 256, 14, 14), (1024, 256, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 512->128 28x28": lambda: conv_graph((1, 512, 28, 28), (128, 512, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 64->256 56x56": lambda: conv_graph((1, 64, 56, 56), (256, 64, 1, 1), (1, 1), (0, 0, 0, 0), 1),
+    "conv1x1 1024->256 14x14": lambda: conv_graph((1, 1024, 14, 14), (256, 1024, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     # resnet18's later stages (Note [Direct convolution]: 7 or 14 pixels a row), regnety's
     # grouped 3x3 (8 channels a group) and the stem, the 1x1 convs of EfficientNet/ConvNeXt heads
     "conv3x3 128->128 28x28": lambda: conv_graph((1, 128, 28, 28), (128, 128, 3, 3), (1, 1), (1, 1, 1, 1), 1),
@@ -150,6 +157,16 @@ CASES = {
                 "conv1x1 40->160 56x56",
                 lambda a: act_graph("conv", (1, 40, 56, 56), (160, 40, 1, 1), a),
                 ("none", "gelu"),
+            ),
+            (
+                "conv1x1 64->256 56x56",
+                lambda a: act_graph("conv", (1, 64, 56, 56), (256, 64, 1, 1), a),
+                ("none", "residual + relu"),
+            ),
+            (
+                "conv1x1 128->512 28x28",
+                lambda a: act_graph("conv", (1, 128, 28, 28), (512, 128, 1, 1), a),
+                ("none", "residual + relu"),
             ),
             ("mm 197x192x768", lambda a: act_graph("matmul", (1, 197, 192), (192, 768), a), ("none", "gelu")),
             (

@@ -464,6 +464,50 @@ def test_register_post_ops(conv, act, tmp_path):
     assert k.post_steps == steps
 
 
+@pytest.mark.parametrize(
+    "conv, in_registers",
+    [
+        (dict(x=(2, 16, 20, 20), w=(24, 16, 1, 1), group=1, stride=1), True),  # pointwise rows, two images
+        (dict(x=(1, 300, 8, 8), w=(20, 300, 1, 1), group=1, stride=1), True),  # added on the last block of K only
+        (dict(x=(2, 64, 10, 10), w=(48, 32, 1, 1), group=2, stride=1), True),  # groups: the tile's origin per group
+        (dict(x=(1, 32, 28, 28), w=(40, 32, 1, 1), group=1, stride=2), True),  # Note [Strided pointwise]
+        (dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, stride=1), False),  # Note [Flat pointwise rows]
+        (dict(x=(1, 32, 3, 3), w=(40, 32, 1, 1), group=1, stride=1), False),  # Note [Few-pixel pointwise]
+        (dict(x=(1, 16, 18, 20), w=(24, 16, 3, 3), group=1, stride=1), False),  # Note [Winograd convolution]
+    ],
+    ids=["pointwise", "pointwise_k300", "grouped", "strided", "flat_7x7", "few_pixels", "winograd"],
+)
+@pytest.mark.parametrize("residual", ["full", "broadcast"])
+def test_residual_in_registers(conv, in_registers, residual, tmp_path):
+    """Note [Residual in registers]: conv + bias + a tensor laid out as the output, then
+    ReLU (a ResNet bottleneck's end) against the numpy reference (1e-4), and whether the
+    add and the ReLU went into the tile's stores (structure): only on conv_pointwise's
+    AVX-512 path and only for an operand with the output's own layout (a broadcast one
+    stays in the rows)."""
+    b = GraphBuilder()
+    x = b.input("x", conv["x"], "float32")
+    co, s, k = conv["w"][0], conv["stride"], conv["w"][2]
+    p = k // 2
+    y = b.add(
+        Op.CONV,
+        [x, b.const(randn(*conv["w"]), name="w")],
+        strides=(s, s),
+        dilations=(1, 1),
+        pads=(p,) * 4,
+        group=conv["group"],
+    )
+    y = b.binary(Op.ADD, y, b.reshape(b.const(randn(co), name="bias"), (co, 1, 1)))
+    n, _, h, w = conv["x"]
+    ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    r = b.input("r", (n, co, ho, wo) if residual == "full" else (n, co, 1, wo), "float32")
+    y = b.binary(Op.ADD, y, r)
+    b.output("y", b.binary(Op.MAX, y, b.scalar(0.0, y)))
+    kg, consts = kernel_of(b.graph)
+    assert plan_of(kg) is not None
+    k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
+    assert k.post_steps == (3 if in_registers and residual == "full" and _avx512() else 1)
+
+
 def _avx512() -> bool:
     """Whether this runtime was built with its AVX-512 paths (test_native_avx2_path runs
     these tests again with them off)."""

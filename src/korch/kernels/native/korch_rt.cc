@@ -535,6 +535,7 @@ struct Linear {
   // the saved value (the gate), that slot read nowhere else.
   korch_gemm::Post post_spec;       // without its bias pointer (an input, known per call)
   int64_t post_bias_pos = -1, post_bias_stride = 0;
+  int64_t post_sum_pos = -1;  // Note [Residual in registers]: the input added after the bias
   size_t post_steps = 0;            // epilogue steps it does; 0: none
 
   void plan_post() {
@@ -554,6 +555,14 @@ struct Linear {
     if (op == 0 && post_bias_pos >= 0 && post_bias_stride != 1) {  // post_for copies conv channels only
       post_bias_pos = -1;
       return;
+    }
+    // Note [Residual in registers]: a tensor laid out as the output, where the conv runs
+    // as conv_pointwise (its tile's rows are the output's rows)
+    if (op == 1 && korch_gemm::wide && i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD && pointwise_path()) {
+      bool same = true;
+      for (int64_t d = D - 1, stride = 1; d >= 0; stride *= oshape[(size_t)d], --d)
+        if (oshape[(size_t)d] != 1 && epi[i].strides[(size_t)d] != stride) same = false;
+      if (same) post_sum_pos = epi[i].pos, ++i;
     }
     // the activation, with the gate (a save first) and without
     for (int gated = 1; gated >= 0; --gated) {
@@ -613,6 +622,7 @@ struct Linear {
   // the Post for one call: the bias made contiguous in buf where its stride is not 1
   korch_gemm::Post post_for(void* const* ptrs, std::vector<float>& buf) const {
     korch_gemm::Post p = post_spec;
+    if (post_sum_pos >= 0) p.sum = static_cast<const float*>(ptrs[post_sum_pos]);
     if (post_bias_pos >= 0) {
       const float* b = static_cast<const float*>(ptrs[post_bias_pos]);
       if (post_bias_stride == 1) {
@@ -2333,6 +2343,17 @@ struct Linear {
   // 12 vector stores into the output's rows. The last pixels (HW mod 16) go through a
   // zero-padded copy. Tasks are blocks of pixels, and of channels when there are too few
   // pixel blocks for the threads.
+  //
+  // Note [Residual in registers]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A ResNet bottleneck ends in a 1x1 conv, its bias, the block's input added, a ReLU.
+  // The add over rows after the tile is stored read the tile back with the residual:
+  // 64 -> 256 on 56 x 56 pixels cost 520 us with its bias, 650-666 with the add and ReLU
+  // (two threads of an Intel Xeon). oneDNN's "sum" post-op instead: the epilogue's tensor
+  // ADD whose operand is laid out as the output (its strides the output's) is loaded
+  // beside the tile's own stores, after the bias and before the activation
+  // (Post::sum). Only conv_pointwise's AVX-512 tiles do it: plan_post asks
+  // pointwise_path() whether conv() will come here.
   static constexpr int64_t PW_PIXELS = 256;  // pixels per task: a K x 256 block of X in L2
 
   int conv_pointwise(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
@@ -2353,7 +2374,19 @@ struct Linear {
       Ap = aligned_panels();
     }
     Ap = scale_panels(Ap, per, K, MR);  // Note [Scaled inputs]
-    const int64_t pblocks = (HW + PW_PIXELS - 1) / PW_PIXELS;
+    // Note [Balanced pixel blocks]: blocks of whole 64-pixel tiles, as equal as they can
+    // be, and as many as the threads take in whole rounds: 28 x 28 pixels cut in 256s
+    // were 256, 256, 256 and 16, one thread running two of the 256s (512 : 272)
+    const int64_t vecs = (HW + 15) / 16;
+    int64_t pblocks = (HW + PW_PIXELS - 1) / PW_PIXELS;
+    if (n * group * pblocks >= T && (n * group * pblocks) % T && n * group * pblocks < 8 * T)
+      pblocks += (T - (n * group * pblocks) % T + n * group - 1) / (n * group);
+    pblocks = std::min(pblocks, vecs);
+    // the first pixel of block pb: a multiple of 64 (of 16 where blocks are fewer than 4 vectors)
+    const int64_t unit = vecs >= 4 * pblocks ? 4 : 1;
+    const auto block_start = [=](int64_t pb) {
+      return std::min(HW, (vecs * pb / pblocks + unit / 2) / unit * unit * 16);
+    };
     int64_t cblocks = 1;
     if (n * group * pblocks < T) cblocks = std::min(tiles, (T + n * group * pblocks - 1) / (n * group * pblocks));
     const int64_t tiles_per = (tiles + cblocks - 1) / cblocks;
@@ -2361,10 +2394,12 @@ struct Linear {
     std::vector<float> bias_buf;
     const korch_gemm::Post post = post_for(ptrs, bias_buf);
     // the tile of rows from r0 of group g: its Post (null: none, or not the last block of K)
-    auto tile_post = [&](korch_gemm::Post& q, int64_t g, int64_t r0, bool last) -> const korch_gemm::Post* {
+    auto tile_post = [&](korch_gemm::Post& q, int64_t ni, int64_t g, int64_t r0, int64_t p,
+                         bool last) -> const korch_gemm::Post* {
       if (!post_steps || !last) return nullptr;
       q = post;
       if (q.bias) q.bias += g * cog + r0;
+      if (q.sum) q.sum += (ni * co + g * cog + r0) * HW + p;  // Note [Residual in registers]
       return &q;
     };
     parallel_for(n * group * pblocks * cblocks, T, [&](int64_t t) {
@@ -2372,7 +2407,7 @@ struct Linear {
       const int64_t cb = t % cblocks, pb = (t / cblocks) % pblocks, g = (t / (cblocks * pblocks)) % group,
                     ni = t / (cblocks * pblocks * group);
       const int64_t t0 = cb * tiles_per, t1 = std::min(tiles, t0 + tiles_per);
-      const int64_t p0 = pb * PW_PIXELS, p1 = std::min(HW, p0 + PW_PIXELS);
+      const int64_t p0 = block_start(pb), p1 = pb + 1 == pblocks ? HW : block_start(pb + 1);
       const float* xg = X + (ni * c + g * cig) * HW;
       float* yg = Y + (ni * co + g * cog) * HW;
       const float* ag = Ap + g * per;
@@ -2385,7 +2420,7 @@ struct Linear {
           for (int64_t ti = t0; ti < t1; ++ti) {
             const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
             korch_gemm::micro_a_wide(mr, np, kc, ag + (ti * K + kk) * MR, xg + kk * HW + p, HW, yg + r0 * HW + p, HW,
-                                     kk > 0, tile_post(q, g, r0, kk + kc == K));
+                                     kk > 0, tile_post(q, ni, g, r0, p, kk + kc == K));
           }
         }
       }
@@ -2408,7 +2443,7 @@ struct Linear {
           for (int64_t ti = t0; ti < t1; ++ti) {
             const int64_t r0 = ti * MR, mr = std::min(MR, cog - r0);
             const float* a = ag + (ti * K + kk) * MR;
-            const korch_gemm::Post* tp = tile_post(q, g, r0, kk + kc == K);
+            const korch_gemm::Post* tp = tile_post(q, ni, g, r0, p, kk + kc == K);
             if (nn == NR) {
               korch_gemm::micro_a(mr, kc, a, B, ldb, yg + r0 * HW + p, HW, kk > 0, tp);
             } else {
@@ -2434,6 +2469,26 @@ struct Linear {
 #else
     return -1;  // korch_gemm::available is false: conv() does not come here
 #endif
+  }
+
+  // a 1x1 conv at stride 2 or more that Note [Strided pointwise] gathers
+  bool strided_pointwise() const {
+    return kh == 1 && kw == 1 && pt == 0 && pl == 0 && (sh > 1 || sw > 1) && b_const && korch_gemm::available &&
+           ho * wo >= korch_gemm::NR && !vectors_waste(ho * wo);
+  }
+  // a 1x1 conv at unit strides without padding: its output pixels are its input's
+  bool unit_pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w; }
+
+  // whether conv() runs this conv as conv_pointwise (Note [Residual in registers] asks when
+  // the kernel is made); the order of conv()'s tests
+  bool pointwise_path() const {
+    if (op != 1 || pad_mode || (c / group == 1 && co / group == 1) || !b_const || !korch_gemm::available) return false;
+#if defined(__AVX512F__)
+    if (winograd() || row_conv()) return false;
+#endif
+    if (strided_pointwise()) return true;
+    const int64_t HW = ho * wo;
+    return unit_pointwise() && HW >= korch_gemm::NR && !(korch_gemm::wide && vectors_waste(HW));
   }
 
   int conv(void* const* ptrs) const {
@@ -2548,8 +2603,7 @@ struct Linear {
     // quarter of its input. As the direct conv it ran at about 150 GFLOP/s (256 -> 512
     // from 56 x 56: 1376 us alone, onnxruntime 1337); the pixels it reads, gathered into
     // a contiguous copy, make it a pointwise conv (Note [Pointwise convolution rows])
-    if (kh == 1 && kw == 1 && pt == 0 && pl == 0 && (sh > 1 || sw > 1) && b_const && korch_gemm::available &&
-        HW >= korch_gemm::NR && !vectors_waste(HW)) {
+    if (strided_pointwise()) {
       gathered.resize((size_t)(n * c * HW + 16));
       float* Xs = align64(gathered.data());
       const int64_t planes = n * c, parts = std::min<int64_t>(planes, 4 * T);
@@ -2563,7 +2617,7 @@ struct Linear {
       });
       return conv_pointwise(Xs, W, Y, ptrs, T);
     }
-    const bool direct = kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && ho == h && wo == w;
+    const bool direct = unit_pointwise();
     if (direct && korch_gemm::available && b_const && HW < korch_gemm::NR) return conv_few_pixels(X, W, Y, ptrs, T);
     // Note [Wide pointwise tiles]: where 16-pixel vectors would compute over 15% more
     // pixels than there are (49: 64), the direct conv's pixel rows instead
