@@ -109,6 +109,10 @@ CASES = {
     ),
     # YOLOv5's 6x6 stride-2 stem
     "conv6x6 s2 3->16 320x320": lambda: conv_graph((1, 3, 320, 320), (16, 3, 6, 6), (2, 2), (2, 2, 2, 2), 1),
+    # YOLOv5's stride-2 3x3 downsamplings
+    "conv3x3 s2 16->32 160x160": lambda: conv_graph((1, 16, 160, 160), (32, 16, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    "conv3x3 s2 32->64 80x80": lambda: conv_graph((1, 32, 80, 80), (64, 32, 3, 3), (2, 2), (1, 1, 1, 1), 1),
+    "conv3x3 s2 128->128 56x56": lambda: conv_graph((1, 128, 56, 56), (128, 128, 3, 3), (2, 2), (1, 1, 1, 1), 1),
     # resnet50's bottleneck expansions
     "conv1x1 128->512 28x28": lambda: conv_graph((1, 128, 28, 28), (512, 128, 1, 1), (1, 1), (0, 0, 0, 0), 1),
     "conv1x1 256->1024 14x14": lambda: conv_graph((1, 256, 14, 14), (1024, 256, 1, 1), (1, 1), (0, 0, 0, 0), 1),
