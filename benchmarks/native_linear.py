@@ -172,6 +172,11 @@ CASES = {
                 lambda a: act_graph("conv", (1, 128, 28, 28), (512, 128, 1, 1), a),
                 ("none", "residual + relu"),
             ),
+            (
+                "conv3x3 64->64 56x56",
+                lambda a: act_graph("conv", (1, 64, 56, 56), (64, 64, 3, 3), a, pad=1),
+                ("none", "residual + relu"),
+            ),
             ("mm 197x192x768", lambda a: act_graph("matmul", (1, 197, 192), (192, 768), a), ("none", "gelu")),
             (
                 "dwconv3x3 144ch 56x56",

@@ -473,17 +473,22 @@ def test_register_post_ops(conv, act, tmp_path):
         (dict(x=(1, 32, 28, 28), w=(40, 32, 1, 1), group=1, stride=2), True),  # Note [Strided pointwise]
         (dict(x=(1, 24, 7, 7), w=(40, 24, 1, 1), group=1, stride=1), False),  # Note [Flat pointwise rows]
         (dict(x=(1, 32, 3, 3), w=(40, 32, 1, 1), group=1, stride=1), False),  # Note [Few-pixel pointwise]
-        (dict(x=(1, 16, 18, 20), w=(24, 16, 3, 3), group=1, stride=1), False),  # Note [Winograd convolution]
+        (
+            dict(x=(2, 16, 18, 21), w=(24, 16, 3, 3), group=1, stride=1),
+            True,
+        ),  # Note [Winograd convolution], odd columns
+        (dict(x=(1, 8, 13, 11), w=(20, 8, 3, 3), group=1, stride=1), False),  # Note [Row convolution]
+        (dict(x=(1, 32, 7, 7), w=(40, 32, 3, 3), group=1, stride=1), False),  # direct (under Winograd's pixels)
     ],
-    ids=["pointwise", "pointwise_k300", "grouped", "strided", "flat_7x7", "few_pixels", "winograd"],
+    ids=["pointwise", "pointwise_k300", "grouped", "strided", "flat_7x7", "few_pixels", "winograd", "rows", "direct"],
 )
 @pytest.mark.parametrize("residual", ["full", "broadcast"])
 def test_residual_in_registers(conv, in_registers, residual, tmp_path):
     """Note [Residual in registers]: conv + bias + a tensor laid out as the output, then
     ReLU (a ResNet bottleneck's end) against the numpy reference (1e-4), and whether the
     add and the ReLU went into the tile's stores (structure): only on conv_pointwise's
-    AVX-512 path and only for an operand with the output's own layout (a broadcast one
-    stays in the rows)."""
+    and conv_winograd's AVX-512 paths and only for an operand with the output's own
+    layout (a broadcast one stays in the rows)."""
     b = GraphBuilder()
     x = b.input("x", conv["x"], "float32")
     co, s, k = conv["w"][0], conv["stride"], conv["w"][2]

@@ -557,8 +557,8 @@ struct Linear {
       return;
     }
     // Note [Residual in registers]: a tensor laid out as the output, where the conv runs
-    // as conv_pointwise (its tile's rows are the output's rows)
-    if (op == 1 && korch_gemm::wide && i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD && pointwise_path()) {
+    // as conv_pointwise or conv_winograd (each stores whole rows of the output)
+    if (op == 1 && korch_gemm::wide && i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD && sum_path()) {
       bool same = true;
       for (int64_t d = D - 1, stride = 1; d >= 0; stride *= oshape[(size_t)d], --d)
         if (oshape[(size_t)d] != 1 && epi[i].strides[(size_t)d] != stride) same = false;
@@ -2254,6 +2254,7 @@ struct Linear {
     std::vector<float> bias_buf;
     korch_gemm::Post post = post_for(ptrs, bias_buf);
     const float* bias = post_steps ? post.bias : nullptr;
+    const float* sum = post_steps ? post.sum : nullptr;  // Note [Residual in registers]
     const bool act = post_steps > 0;
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
@@ -2285,7 +2286,6 @@ struct Linear {
             }
           }
         }
-      float* Yn = Y + ni * co * HW;
       for (int64_t o = o0; o < o1; ++o) {
         const __m512 b = _mm512_set1_ps(bias ? bias[o] : 0.0f);
         for (int64_t ty = ty0; ty < ty1; ++ty)
@@ -2307,10 +2307,16 @@ struct Linear {
               if (oy >= ho) break;
               __m512 y0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(s[a][0], s[a][1]), s[a][2]), b);
               __m512 y1 = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(s[a][1], s[a][2]), s[a][3]), b);
-              if (act) y0 = korch_gemm::post_act16(post, y0), y1 = korch_gemm::post_act16(post, y1);
-              float* yr = Yn + o * HW + oy * wo + ox;
-              _mm512_mask_storeu_ps(yr, mlo, _mm512_permutex2var_ps(y0, lo_idx, y1));
-              if (mhi) _mm512_mask_storeu_ps(yr + 16, mhi, _mm512_permutex2var_ps(y0, hi_idx, y1));
+              // the columns in order, then the residual and the activation on them
+              __m512 zlo = _mm512_permutex2var_ps(y0, lo_idx, y1), zhi = _mm512_permutex2var_ps(y0, hi_idx, y1);
+              const int64_t at = (ni * co + o) * HW + oy * wo + ox;
+              if (sum) {
+                zlo = _mm512_add_ps(zlo, _mm512_maskz_loadu_ps(mlo, sum + at));
+                if (mhi) zhi = _mm512_add_ps(zhi, _mm512_maskz_loadu_ps(mhi, sum + at + 16));
+              }
+              if (act) zlo = korch_gemm::post_act16(post, zlo);
+              _mm512_mask_storeu_ps(Y + at, mlo, zlo);
+              if (mhi) _mm512_mask_storeu_ps(Y + at + 16, mhi, act ? korch_gemm::post_act16(post, zhi) : zhi);
             }
           }
         const int64_t oy0 = 2 * ty0, oy1 = std::min(ho, 2 * ty1);
@@ -2352,8 +2358,9 @@ struct Linear {
   // (two threads of an Intel Xeon). oneDNN's "sum" post-op instead: the epilogue's tensor
   // ADD whose operand is laid out as the output (its strides the output's) is loaded
   // beside the tile's own stores, after the bias and before the activation
-  // (Post::sum). Only conv_pointwise's AVX-512 tiles do it: plan_post asks
-  // pointwise_path() whether conv() will come here.
+  // (Post::sum). conv_pointwise's AVX-512 tiles and conv_winograd's output transform do
+  // it (resnet18's 3x3 convs end its blocks): plan_post asks sum_path() whether conv()
+  // will take one of them.
   static constexpr int64_t PW_PIXELS = 256;  // pixels per task: a K x 256 block of X in L2
 
   int conv_pointwise(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
@@ -2489,6 +2496,14 @@ struct Linear {
     if (strided_pointwise()) return true;
     const int64_t HW = ho * wo;
     return unit_pointwise() && HW >= korch_gemm::NR && !(korch_gemm::wide && vectors_waste(HW));
+  }
+
+  // whether conv() runs this conv through a path that applies Post::sum
+  bool sum_path() const {
+#if defined(__AVX512F__)
+    if (winograd()) return true;
+#endif
+    return pointwise_path();
   }
 
   int conv(void* const* ptrs) const {
