@@ -45,6 +45,9 @@ def act_graph(linear: str, x_shape, w_shape, act: str, stride: int = 1, pad: int
         r = b.input("r", (x_shape[0], n, *x_shape[2:]), "float32")
         y = b.binary(Op.ADD, y, r)
         y = b.binary(Op.MAX, y, b.scalar(0.0, y))
+    elif act == "silu + residual":  # YOLOv5's bottleneck: the shortcut after the activation
+        r = b.input("r", (x_shape[0], n, *x_shape[2:]), "float32")
+        y = b.binary(Op.ADD, b.binary(Op.MUL, y, b.add(Op.SIGMOID, [y])), r)
     elif act == "silu":
         y = b.binary(Op.MUL, y, b.add(Op.SIGMOID, [y]))
     elif act == "gelu":
@@ -171,6 +174,11 @@ CASES = {
                 "conv1x1 128->512 28x28",
                 lambda a: act_graph("conv", (1, 128, 28, 28), (512, 128, 1, 1), a),
                 ("none", "residual + relu"),
+            ),
+            (
+                "conv3x3 16->16 80x80",
+                lambda a: act_graph("conv", (1, 16, 80, 80), (16, 16, 3, 3), a, pad=1),
+                ("silu", "silu + residual"),
             ),
             (
                 "conv3x3 64->64 56x56",

@@ -483,10 +483,12 @@ def test_register_post_ops(conv, act, tmp_path):
     ids=["pointwise", "pointwise_k300", "grouped", "strided", "flat_7x7", "few_pixels", "winograd", "rows", "direct"],
 )
 @pytest.mark.parametrize("residual", ["full", "broadcast"])
-def test_residual_in_registers(conv, in_registers, residual, tmp_path):
+@pytest.mark.parametrize("order", ["add_relu", "silu_add"])
+def test_residual_in_registers(conv, in_registers, residual, order, tmp_path):
     """Note [Residual in registers]: conv + bias + a tensor laid out as the output, then
-    ReLU (a ResNet bottleneck's end) against the numpy reference (1e-4), and whether the
-    add and the ReLU went into the tile's stores (structure): only on conv_pointwise's
+    ReLU (a ResNet bottleneck's end), or SiLU then the add (YOLOv5's), against the numpy
+    reference (1e-4), and whether the add went into the tile's stores with the rest
+    (structure): only on conv_pointwise's
     and conv_winograd's AVX-512 paths and only for an operand with the output's own
     layout (a broadcast one stays in the rows)."""
     b = GraphBuilder()
@@ -505,12 +507,18 @@ def test_residual_in_registers(conv, in_registers, residual, tmp_path):
     n, _, h, w = conv["x"]
     ho, wo = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
     r = b.input("r", (n, co, ho, wo) if residual == "full" else (n, co, 1, wo), "float32")
-    y = b.binary(Op.ADD, y, r)
-    b.output("y", b.binary(Op.MAX, y, b.scalar(0.0, y)))
+    if order == "add_relu":  # ResNet's: the sum before the activation
+        y = b.binary(Op.ADD, y, r)
+        b.output("y", b.binary(Op.MAX, y, b.scalar(0.0, y)))
+        steps = 3 if in_registers and residual == "full" and _avx512() else 1
+    else:  # YOLOv5's bottleneck: the sum after it (Post::sum_after)
+        y = b.add(Op.MUL, [y, b.unary(Op.SIGMOID, y)])
+        b.output("y", b.binary(Op.ADD, y, r))
+        steps = 4 + (in_registers and residual == "full" and _avx512())
     kg, consts = kernel_of(b.graph)
     assert plan_of(kg) is not None
     k = run_and_compare("native", kg, consts, feeds_for(kg, consts), tmp_path)
-    assert k.post_steps == (3 if in_registers and residual == "full" and _avx512() else 1)
+    assert k.post_steps == steps
 
 
 def _avx512() -> bool:

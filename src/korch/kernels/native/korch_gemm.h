@@ -77,6 +77,7 @@ struct Post {
   // a tensor laid out as the tile's output (its origin, the same row stride), added after
   // the bias (Note [Residual in registers] in korch_rt.cc); null: none. micro_a_wide only
   const float* sum = nullptr;
+  bool sum_after = false;  // the sum added after the activation, not before it
   bool clamp = false, sigmoid = false, gate = false;  // sigmoid: g = 1 / (1 + exp(-y)) instead
   bool erf = false, scaled = false;  // erf: g = erf(y * ga + gb) * ea + eb; scaled: the result times os
   bool affine = true;  // false: ga = 1 and gb = 0, the map skipped (ReLU, ReLU6)
@@ -799,8 +800,9 @@ KORCH_INLINE void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, i
     if (acc) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, c));
     if constexpr (POST) {  // Note [Register post-ops]: rows are channels
       if (post->bias) val = _mm512_add_ps(val, _mm512_set1_ps(post->bias[i]));
-      if (post->sum) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
+      if (post->sum && !post->sum_after) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
       val = post_act16(*post, val);
+      if (post->sum && post->sum_after) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
     }
     _mm512_mask_storeu_ps(c, m, val);
   };

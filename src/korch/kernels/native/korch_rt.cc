@@ -558,12 +558,15 @@ struct Linear {
     }
     // Note [Residual in registers]: a tensor laid out as the output, where the conv runs
     // as conv_pointwise or conv_winograd (each stores whole rows of the output)
-    if (op == 1 && korch_gemm::wide && i < epi.size() && epi[i].kind == 2 && epi[i].op == ADD && sum_path()) {
-      bool same = true;
+    const auto residual = [&](size_t at) {
+      if (op != 1 || !korch_gemm::wide || at >= epi.size() || epi[at].kind != 2 || epi[at].op != ADD || !sum_path())
+        return false;
       for (int64_t d = D - 1, stride = 1; d >= 0; stride *= oshape[(size_t)d], --d)
-        if (oshape[(size_t)d] != 1 && epi[i].strides[(size_t)d] != stride) same = false;
-      if (same) post_sum_pos = epi[i].pos, ++i;
-    }
+        if (oshape[(size_t)d] != 1 && epi[at].strides[(size_t)d] != stride) return false;
+      return true;
+    };
+    if (residual(i)) post_sum_pos = epi[i].pos, ++i;
+    bool activation = false;
     // the activation, with the gate (a save first) and without
     for (int gated = 1; gated >= 0; --gated) {
       size_t j = i;
@@ -613,9 +616,11 @@ struct Linear {
       post_spec.erf = erf, post_spec.ea = ea, post_spec.eb = eb, post_spec.os = os, post_spec.scaled = os != 1.0f;
       post_spec.affine = ga != 1.0f || gb != 0.0f;
       post_spec.ga = ga, post_spec.gb = gb, post_spec.lo = lo, post_spec.hi = hi;
-      i = j;
+      i = j, activation = true;
       break;
     }
+    // or after the activation (YOLOv5's bottleneck: SiLU, then the shortcut)
+    if (post_sum_pos < 0 && activation && residual(i)) post_sum_pos = epi[i].pos, post_spec.sum_after = true, ++i;
     post_steps = i;
   }
 
@@ -2310,13 +2315,18 @@ struct Linear {
               // the columns in order, then the residual and the activation on them
               __m512 zlo = _mm512_permutex2var_ps(y0, lo_idx, y1), zhi = _mm512_permutex2var_ps(y0, hi_idx, y1);
               const int64_t at = (ni * co + o) * HW + oy * wo + ox;
-              if (sum) {
+              const auto add_sum = [&] {
                 zlo = _mm512_add_ps(zlo, _mm512_maskz_loadu_ps(mlo, sum + at));
                 if (mhi) zhi = _mm512_add_ps(zhi, _mm512_maskz_loadu_ps(mhi, sum + at + 16));
+              };
+              if (sum && !post.sum_after) add_sum();
+              if (act) {
+                zlo = korch_gemm::post_act16(post, zlo);
+                if (mhi) zhi = korch_gemm::post_act16(post, zhi);
               }
-              if (act) zlo = korch_gemm::post_act16(post, zlo);
+              if (sum && post.sum_after) add_sum();
               _mm512_mask_storeu_ps(Y + at, mlo, zlo);
-              if (mhi) _mm512_mask_storeu_ps(Y + at + 16, mhi, act ? korch_gemm::post_act16(post, zhi) : zhi);
+              if (mhi) _mm512_mask_storeu_ps(Y + at + 16, mhi, zhi);
             }
           }
         const int64_t oy0 = 2 * ty0, oy1 = std::min(ho, 2 * ty1);
@@ -2357,8 +2367,8 @@ struct Linear {
   // 64 -> 256 on 56 x 56 pixels cost 520 us with its bias, 650-666 with the add and ReLU
   // (two threads of an Intel Xeon). oneDNN's "sum" post-op instead: the epilogue's tensor
   // ADD whose operand is laid out as the output (its strides the output's) is loaded
-  // beside the tile's own stores, after the bias and before the activation
-  // (Post::sum). conv_pointwise's AVX-512 tiles and conv_winograd's output transform do
+  // beside the tile's own stores, after the bias and before the activation, or after
+  // the activation where the chain adds it there (YOLOv5's bottleneck; Post::sum_after). conv_pointwise's AVX-512 tiles and conv_winograd's output transform do
   // it (resnet18's 3x3 convs end its blocks): plan_post asks sum_path() whether conv()
   // will take one of them.
   static constexpr int64_t PW_PIXELS = 256;  // pixels per task: a K x 256 block of X in L2
