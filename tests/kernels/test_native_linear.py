@@ -72,6 +72,10 @@ def test_matmul_split(case, tmp_path):
         # of 64 channels, stride 2, 15-pixel rows in three tiles of 5
         dict(x_shape=(2, 40, 14, 13), w_shape=(128, 40, 3, 3), strides=(1, 1), pads=(1, 1, 1, 1), group=1, relu=True),
         dict(x_shape=(1, 128, 15, 30), w_shape=(128, 64, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=2, bias=True),
+        # Note [Four-panel tiles] on rows over 28 pixels: stride 2 onto 45-pixel rows (tiles
+        # of 7 and 6); a 7x7 stem, 3 -> 64 channels, two images, 35-pixel rows
+        dict(x_shape=(1, 16, 24, 90), w_shape=(64, 16, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, relu=True),
+        dict(x_shape=(2, 3, 30, 70), w_shape=(64, 3, 7, 7), strides=(2, 2), pads=(3, 3, 3, 3), group=1, bias=True),
         # stride 2 as a constant of the wide tile: 48 channels (a pair of panels and one)
         dict(x_shape=(1, 16, 31, 40), w_shape=(48, 16, 3, 3), strides=(2, 2), pads=(1, 1, 1, 1), group=1, relu=True),
         # a stem: 3 channels in, one panel out, padded band by band inside the tasks
@@ -127,6 +131,8 @@ def test_matmul_split(case, tmp_path):
         "direct_grouped_wide_rows",
         "direct_four_panels_k_blocks",
         "direct_four_panels_groups_strided",
+        "direct_four_panels_wide_rows_s2",
+        "direct_four_panels_7x7_stem",
         "direct_stride_2_pair_and_one",
         "direct_stem_band_padding",
         "grouped_band_padding",
