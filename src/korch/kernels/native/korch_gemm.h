@@ -75,7 +75,8 @@ inline void pack_b(const float* B, int64_t K, int64_t N, int64_t bk, int64_t bn,
 struct Post {
   const float* bias = nullptr;  // bias[channel], contiguous; null: none
   // a tensor laid out as the tile's output (its origin, the same row stride), added after
-  // the bias (Note [Residual in registers] in korch_rt.cc); null: none. micro_a_wide only
+  // the bias (Note [Residual in registers] in korch_rt.cc); null: none. Read by
+  // micro_a_wide and korch_rt.cc's Winograd output transform only
   const float* sum = nullptr;
   bool sum_after = false;  // the sum added after the activation, not before it
   bool clamp = false, sigmoid = false, gate = false;  // sigmoid: g = 1 / (1 + exp(-y)) instead
@@ -803,9 +804,12 @@ KORCH_INLINE void micro_a_wide_rv(int64_t kc, const float* Ap, const float* B, i
     if (acc) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, c));
     if constexpr (POST) {  // Note [Register post-ops]: rows are channels
       if (post->bias) val = _mm512_add_ps(val, _mm512_set1_ps(post->bias[i]));
-      if (post->sum && !post->sum_after) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
+      const auto add_sum = [&](__m512 x) __attribute__((always_inline)) {
+        return _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
+      };
+      if (post->sum && !post->sum_after) val = add_sum(val);
       val = post_act16(*post, val);
-      if (post->sum && post->sum_after) val = _mm512_add_ps(val, _mm512_maskz_loadu_ps(m, post->sum + i * ldc + v * 16));
+      if (post->sum && post->sum_after) val = add_sum(val);
     }
     _mm512_mask_storeu_ps(c, m, val);
   };

@@ -2370,9 +2370,11 @@ struct Linear {
   // (two threads of an Intel Xeon). oneDNN's "sum" post-op instead: the epilogue's tensor
   // ADD whose operand is laid out as the output (its strides the output's) is loaded
   // beside the tile's own stores, after the bias and before the activation, or after
-  // the activation where the chain adds it there (YOLOv5's bottleneck; Post::sum_after). conv_pointwise's AVX-512 tiles and conv_winograd's output transform do
-  // it (resnet18's 3x3 convs end its blocks): plan_post asks sum_path() whether conv()
-  // will take one of them.
+  // the activation where the chain adds it there (YOLOv5's bottleneck;
+  // Post::sum_after). conv_pointwise's AVX-512 tiles and conv_winograd's output
+  // transform do it (resnet18's 3x3 convs end its blocks): plan_post asks sum_path()
+  // whether conv() will take one of them. sum_path() restates conv()'s order of tests
+  // for those two paths; test_residual_in_registers holds the two together shape by shape.
   static constexpr int64_t PW_PIXELS = 256;  // pixels per task: a K x 256 block of X in L2
 
   int conv_pointwise(const float* X, const float* W, float* Y, void* const* ptrs, int T) const {
