@@ -64,7 +64,10 @@ def test_a_failed_native_kernel_falls_back_to_onnxruntime(quick_settings, monkey
     assert ("native",) in asked and fell_back and asked.index(("native",)) < fell_back[0], asked
     steps = compiled.executable.kernel_steps()
     assert "native" not in {s.backend for s in steps}, [s.backend for s in steps]
-    assert sum(s.backend == "ort" for s in steps) >= 2, [s.backend for s in steps]
+    # the two convs on the libraries offered after native (which of them wins is a timing:
+    # onnxruntime's or torch's kernel; counting onnxruntime's alone failed once in a run)
+    offered = {b for i in fell_back for b in asked[i][1:]}
+    assert len(steps) >= 2 and {s.backend for s in steps} <= offered, ([s.backend for s in steps], offered)
     fallbacks = [r for r in compiled.report["skipped"] if r["stage"] == "fallback"]
     assert fallbacks and all("crash" in r["message"] for r in fallbacks), compiled.report["skipped"]
 
