@@ -608,6 +608,48 @@ def test_plan_check_without_whole_graph_plans_races_composed_plans(settings, tmp
     assert "blp" in pc["ms"] and not set(WHOLE_PLANS) & set(pc["ms"])
     assert pc["rel"][pc["kept"]] == min(pc["rel"].values())
     raced = {"blp", "regions x0.7", "regions x0.4", "near ties", "fewer kernels", "in place 1", "in place 2"}
+    raced |= {"composed", "composed, in place 1", "composed, in place 2"}  # Note [The composed plan]
     assert set(pc["ms"]) <= raced
     assert compiled.report["max_rel_error"] <= TOL
     _check_order(compiled)
+
+
+@pytest.mark.parametrize("name", ["candy_block", "yolo_block"])
+def test_composed_pass_measures_the_plan_without_regions(name, settings, tmp_path, monkeypatch):
+    """Note [Composed pass]: with library regions among the candidates, the guided
+    rounds run again without them, so the BLP with regions left out (Note [The composed
+    plan]) chooses measured kernels only; and the plan check races that plan. Regions
+    here measure a hundred times faster than they run, so the first rounds settle on
+    them and measure little else (candy_b1's rounds did so at their real cost)."""
+    import types
+
+    import korch.profile
+    from korch.ir.subgraph import KernelKind
+    from korch.orchestrate.choose import UNMEASURED_PENALTY_US
+    from korch.pipeline import STEPS, Context, _solve_all
+    from korch.selection import COMPOSED_PLAN, _alternative_costs, _composed_cost
+
+    real = korch.profile.profile
+
+    def fast_regions(workloads, *args, **kw):
+        results, stats = real(workloads, *args, **kw)
+        regions = {w.hash for w in workloads if w.kind is KernelKind.REGION}
+        for key, m in results.items():
+            if key[0] in regions and m.ok:
+                results[key] = dataclasses.replace(m, median_us=m.median_us / 100)
+        return results, stats
+
+    monkeypatch.setattr(korch.profile, "profile", fast_regions)
+    s = settings.replace(library_regions=3, region_bias=(0.7,), db_path=str(tmp_path / "db"))
+    ctx = Context(s, build(name), None)
+    for step, fn in STEPS:
+        fn(ctx)
+        if step == "profile":
+            break
+    assert ctx.report["profiling_composed_rounds"] >= 1
+    assert any(c.kind is KernelKind.REGION for c in ctx.candidates)
+    chosen = _solve_all(ctx, _composed_cost)
+    assert chosen and all(c.kind is not KernelKind.REGION for c in chosen)
+    assert all(math.isfinite(c.cost_us) and c.cost_us < UNMEASURED_PENALTY_US for c in chosen)
+    inp = types.SimpleNamespace(candidates=ctx.candidates, settings=s)
+    assert COMPOSED_PLAN in [n for n, _ in _alternative_costs(inp, chosen)]

@@ -110,6 +110,8 @@ def select_plan(inp: PlanInputs, base: Plan) -> Plan:
     for name, cost in _alternative_costs(inp, base.chosen):
         _add_plan(inp, plans, seen, name, cost)
     scales = _in_place_plans(inp, plans, seen, feeds)
+    if COMPOSED_PLAN in plans:  # Note [The composed plan]
+        _in_place_plans(inp, plans, seen, feeds, start=COMPOSED_PLAN, composed=True)
     if len(plans) == 1:
         inp.report.update(plan_check={"plans": 1})
         return base
@@ -265,8 +267,10 @@ FEWER_KERNELS_US = 10.0
 
 def _alternative_costs(inp: PlanInputs, base: list[Candidate]) -> list[tuple[str, Callable[[Candidate], float]]]:
     """Every cost function the BLP is solved again on for the plan check (Note
-    [End-to-end plan check]): region-biased, near ties, fewer kernels."""
-    return _bias_costs(inp) + _near_tie_costs(inp, base)
+    [End-to-end plan check]): region-biased, near ties, fewer kernels, regions left out
+    (Note [The composed plan])."""
+    composed = [(COMPOSED_PLAN, _composed_cost)] if any(c.kind is KernelKind.REGION for c in inp.candidates) else []
+    return _bias_costs(inp) + _near_tie_costs(inp, base) + composed
 
 
 def _near_tie_costs(inp: PlanInputs, base: list[Candidate]) -> list[tuple[str, Callable[[Candidate], float]]]:
@@ -413,14 +417,17 @@ def _scale_class(c: Candidate) -> str:
     return kind if c.backend in SEGMENT_BACKENDS else f"{kind}/library"
 
 
-def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -> dict[str, float]:
-    """Re-solve the BLP on the costs its plan's kernels take in place (Note [End-to-end
-    plan check]); adds each new plan to ``plans``. Returns the last in-place/measured
-    ratio per kernel kind."""
+def _in_place_plans(
+    inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds, start: str = "blp", composed: bool = False
+) -> dict[str, float]:
+    """Re-solve the BLP on the costs the kernels of plan ``start`` take in place (Note
+    [End-to-end plan check]); adds each new plan to ``plans``. ``composed``: regions
+    left out (Note [The composed plan]). Returns the last in-place/measured ratio per
+    kernel kind."""
     from korch.profile.e2e import time_steps
 
     s = inp.settings
-    plan = plans["blp"]
+    plan = plans[start]
     # (partition, primitives, backend) -> us in place: another backend's kernel for the
     # same primitives is a different kernel, costed by its own measurement
     in_place: dict[tuple[int, tuple[int, ...], str], float] = {}
@@ -447,14 +454,37 @@ def _in_place_plans(inp: PlanInputs, plans: dict[str, Plan], seen: set, feeds) -
             us = in_place.get((c.partition, c.kernel.nodes, c.backend))
             if us is None:
                 us = c.cost_us * sc.get(_scale_class(c), overall)
-            return us + (per_native if c.backend in SEGMENT_BACKENDS else per_call)
+            us += per_native if c.backend in SEGMENT_BACKENDS else per_call
+            return _composed_cost(c, us) if composed else us
 
-        name = f"in place {r + 1}"
+        name = f"{'composed, ' if composed else ''}in place {r + 1}"
         costf = functools.partial(cost, sc=dict(scales), overall=overall, per_call=per_call, per_native=per_native)
         if not _add_plan(inp, plans, seen, name, costf):
             break
         plan = plans[name]
     return scales
+
+
+# Note [The composed plan]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# The BLP picks library regions wherever their measured cost is lower, and a region
+# measured alone runs hot, in one call, so plans of regions win the BLP where korch's
+# own kernels win in place: candy_b1's BLP chose regions for every partition (79.5 ms
+# in the check) while the composed-only optimization's plan ran 61.5 ms. So the check
+# also races the BLP with regions left out (each at ``UNMEASURED_PENALTY_US``, so a
+# partition only regions can run still has a plan), and its in-place re-solves.
+# Its kernels are measured: Note [Composed pass] in korch/orchestrate/guided.py.
+COMPOSED_PLAN = "composed"
+
+
+def _composed_cost(c: Candidate, us: float | None = None) -> float:
+    """``c``'s cost (``us``, else its measured cost) with regions left out (Note [The
+    composed plan])."""
+    from korch.orchestrate.choose import UNMEASURED_PENALTY_US
+
+    if c.kind is KernelKind.REGION:
+        return UNMEASURED_PENALTY_US
+    return c.cost_us if us is None else us
 
 
 # Every plan of the check stays built until the alternating timing; a batch-16
