@@ -186,6 +186,8 @@ CASES = {
                 ("none", "residual + relu"),
             ),
             ("mm 197x192x768", lambda a: act_graph("matmul", (1, 197, 192), (192, 768), a), ("none", "gelu")),
+            ("mm 197x768x192", lambda a: act_graph("matmul", (1, 197, 768), (768, 192), a), ("none",)),
+            ("mm 197x192x576", lambda a: act_graph("matmul", (1, 197, 192), (192, 576), a), ("none",)),
             (
                 "dwconv3x3 144ch 56x56",
                 lambda a: act_graph("conv", (1, 144, 56, 56), (144, 1, 3, 3), a, pad=1),
