@@ -688,7 +688,7 @@ struct Linear {
 
   int run(void* const* ptrs) const {
     if (op == 1 && (pools || a_scale >= 0)) return conv_around(ptrs);
-    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : softmax(ptrs);
+    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : op == 4 ? softmax(ptrs) : transpose(ptrs);
   }
 
   // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
@@ -946,6 +946,86 @@ struct Linear {
         for (int64_t i = 0; i < L; ++i) y[i] *= inv;
 #endif
       }
+    });
+    return 0;
+  }
+
+  // Note [Native transpose]
+  // ~~~~~~~~~~~~~~~~~~~~~~~
+  // A permutation that is, once adjacent axes that stay adjacent are merged, a batch of
+  // matrix transposes of rows of C floats: Y[b, n, m, c] = X[b, m, n, c]. A task is a
+  // block of TP_ROWS x TP_COLS (16 KB each way: it stays in L1); where C is one, its
+  // 16 x 16 sub-blocks are transposed in registers (unpack, shuffle, two lane shuffles)
+  // column block by column block, so that each row of Y is written a run of whole lines
+  // at a time. TVM's kernels for segformer_b1's [16384, 128] -> [128, 16384] took
+  // 1.7-2.0 ms in place on two threads (8 MB each way); these blocks, alone, 0.4-0.7 ms
+  // (strips of 16 rows over 256 columns, and 64 x 64 blocks, were the same within this
+  // VM's noise).
+  int64_t tp_b = 0, tp_m = 0, tp_n = 0, tp_c = 1;
+  static constexpr int64_t TP_ROWS = 32, TP_COLS = 128;
+
+#if defined(__AVX512F__)
+  // r[i] = row i of a 16 x 16 block; afterwards r[j] = its column j
+  static KORCH_INLINE void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + j], lane L: column 4L + j of rows 4i .. 4i + 3
+    for (int i = 0; i < 4; ++i) {
+      r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+      r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+      r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j) {
+        t[8 * h + j] = _mm512_shuffle_f32x4(r[8 * h + j], r[8 * h + 4 + j], 0x88);
+        t[8 * h + 4 + j] = _mm512_shuffle_f32x4(r[8 * h + j], r[8 * h + 4 + j], 0xdd);
+      }
+    for (int j = 0; j < 8; ++j) {
+      r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+      r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+    }
+  }
+#endif
+
+  int transpose(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    float* Y = static_cast<float*>(ptrs[nin]);
+    const int64_t B = tp_b, M = tp_m, N = tp_n, C = tp_c;
+    const int T = B * M * N * C < 32768 ? 1 : threads();
+    const int64_t RB = TP_ROWS, CB = TP_COLS;
+    const int64_t strips = (M + RB - 1) / RB, chunks = (N + CB - 1) / CB;
+    parallel_for(B * strips * chunks, T, [&](int64_t t) {
+      const int64_t b = t / (strips * chunks), r0 = (t / chunks) % strips * RB, n0 = t % chunks * CB;
+      const int64_t r1 = std::min(M, r0 + RB), n1 = std::min(N, n0 + CB);
+      const float* x = X + b * M * N * C;
+      float* y = Y + b * N * M * C;
+      if (C > 1) {
+        for (int64_t n = n0; n < n1; ++n)
+          for (int64_t i = r0; i < r1; ++i) std::memcpy(y + (n * M + i) * C, x + (i * N + n) * C, sizeof(float) * C);
+        return;
+      }
+#if defined(__AVX512F__)
+      for (int64_t c0 = n0; c0 < n1; c0 += 16) {
+        const int64_t tn = std::min<int64_t>(16, n1 - c0);
+        const __mmask16 cm = first_lanes(tn);
+        for (int64_t m0 = r0; m0 < r1; m0 += 16) {
+          const int64_t tm = std::min<int64_t>(16, r1 - m0);
+          const __mmask16 rm = first_lanes(tm);
+          const float* xs = x + m0 * N + c0;
+          __m512 r[16];
+          for (int i = 0; i < 16; ++i) r[i] = i < tm ? _mm512_maskz_loadu_ps(cm, xs + i * N) : _mm512_setzero_ps();
+          transpose16(r);
+          for (int64_t j = 0; j < tn; ++j) _mm512_mask_storeu_ps(y + (c0 + j) * M + m0, rm, r[j]);
+        }
+      }
+#else
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t i = r0; i < r1; ++i) y[n * M + i] = x[i * N + n];
+#endif
     });
     return 0;
   }
@@ -2801,6 +2881,10 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     k->sm_len = r.next();
     k->sm_norm = r.next();
     if (k->sm_rows < 1 || k->sm_len < 1 || k->nout != 1) r.ok = false;
+  } else if (k->op == 5) {  // Note [Native transpose]
+    int64_t* f[] = {&k->tp_b, &k->tp_m, &k->tp_n, &k->tp_c};
+    for (int64_t* x : f) *x = r.next();
+    if (k->tp_b < 1 || k->tp_m < 1 || k->tp_n < 1 || k->tp_c < 1 || k->nout != 1) r.ok = false;
   } else if (k->op == 3) {  // Note [Native pooling]
     int64_t* f[] = {&k->n, &k->c, &k->h,  &k->w,  &k->kh, &k->kw, &k->sh,
                     &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->ho, &k->wo, &k->pool_max};
@@ -2854,7 +2938,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 4 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
+  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 5 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

@@ -244,15 +244,16 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py)
+    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), transpose (transpose.py)
     kinds = frozenset({"linear", "opaque", "memory"})
 
     def supports(self, kgraph: Graph) -> bool:
         from korch.kernels.native.pool import pool_spec
         from korch.kernels.native.softmax import softmax_spec
         from korch.kernels.native.topk import topk_spec
+        from korch.kernels.native.transpose import transpose_spec
 
-        if topk_spec(kgraph) is not None or pool_spec(kgraph) is not None or softmax_spec(kgraph) is not None:
+        if any(f(kgraph) is not None for f in (topk_spec, pool_spec, softmax_spec, transpose_spec)):
             return True
         plan = plan_of(kgraph)
         if plan is None:
@@ -267,13 +268,15 @@ class NativeBackend(Backend):
         from korch.kernels.native.pool import NativePoolKernel, pool_spec
         from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
+        from korch.kernels.native.transpose import NativeTransposeKernel, transpose_spec
 
         spec = topk_spec(kgraph)
         if spec is not None:
             topk = build_topk(kgraph, spec, consts)
             topk.set_threads(num_threads)
             return topk
-        for kind, spec_of in ((NativePoolKernel, pool_spec), (NativeSoftmaxKernel, softmax_spec)):
+        specs = ((NativePoolKernel, pool_spec), (NativeSoftmaxKernel, softmax_spec))
+        for kind, spec_of in (*specs, (NativeTransposeKernel, transpose_spec)):
             spec = spec_of(kgraph)
             if spec is not None:
                 k = kind.of(kgraph, spec)
@@ -293,11 +296,13 @@ class NativeBackend(Backend):
             topk = load_topk(meta)
             topk.set_threads(num_threads)
             return topk
-        if meta.get("op") in ("pool", "softmax"):
+        if meta.get("op") in ("pool", "softmax", "transpose"):
             from korch.kernels.native.pool import NativePoolKernel
             from korch.kernels.native.softmax import NativeSoftmaxKernel
+            from korch.kernels.native.transpose import NativeTransposeKernel
 
-            k = (NativePoolKernel if meta["op"] == "pool" else NativeSoftmaxKernel).load(meta)
+            kinds = {"pool": NativePoolKernel, "softmax": NativeSoftmaxKernel, "transpose": NativeTransposeKernel}
+            k = kinds[meta["op"]].load(meta)
             k.set_threads(num_threads)
             return k
         plan, consts = load_consts(meta, directory)
