@@ -307,7 +307,7 @@ def cmd_guided(args) -> dict:
     from korch.kernels.tvm.backend import vector_bytes
     from korch.kernels.tvm.tiling import config_key
     from korch.models import build
-    from korch.orchestrate.guided import _tile_and_predict
+    from korch.orchestrate.predict import _tile_and_predict
     from korch.pipeline import run_pipeline, save_outputs
 
     out: dict = {}

@@ -467,13 +467,10 @@ def _in_place_plans(
 
 # Note [The composed plan]
 # ~~~~~~~~~~~~~~~~~~~~~~~~
-# The BLP picks library regions wherever their measured cost is lower, and a region
-# measured alone runs hot, in one call, so plans of regions win the BLP where korch's
-# own kernels win in place: candy_b1's BLP chose regions for every partition (79.5 ms
-# in the check) while the composed-only optimization's plan ran 61.5 ms. So the check
-# also races the BLP with regions left out (each at ``UNMEASURED_PENALTY_US``, so a
-# partition only regions can run still has a plan), and its in-place re-solves.
-# Its kernels are measured: Note [Composed pass] in korch/orchestrate/guided.py.
+# A region measured alone runs hot, in one call, and can win the BLP where korch's own
+# kernels win in place, so the check also races the BLP with regions left out (each at
+# ``UNMEASURED_PENALTY_US``: a partition only regions run still has a plan) and its
+# in-place re-solves. Note [Composed pass] (orchestrate/guided.py) measures its kernels.
 COMPOSED_PLAN = "composed"
 
 

@@ -121,7 +121,8 @@ def _guided_on_mlp(level: float = 1.0, seed: bool = False, other: float = 40.0, 
     """Guided rounds on mlp against the oracle: (ctx, measured hashes, truth, stats)."""
     from korch.ir.subgraph import extract
     from korch.models import build
-    from korch.orchestrate.guided import GuidedStats, _guided_rounds, _seed, _tile_and_predict
+    from korch.orchestrate.guided import GuidedStats, _guided_rounds, _seed
+    from korch.orchestrate.predict import _tile_and_predict
     from korch.pipeline import STEPS, Context
     from korch.profile.db import Measurement
 
@@ -482,7 +483,7 @@ def test_parallel_prediction_equals_serial():
     predicted times, in the same order, as predicting in this process."""
     from korch.ir.subgraph import extract
     from korch.models import build
-    from korch.orchestrate.guided import predict_all
+    from korch.orchestrate.predict import predict_all
     from korch.pipeline import STEPS, Context
 
     s = Settings(progress=False, num_threads=2, rewrite=False, max_kernel_size=8)
