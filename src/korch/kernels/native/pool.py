@@ -109,9 +109,7 @@ def encode_pool(spec: PoolSpec, n_inputs: int) -> np.ndarray:
 class NativePoolKernel(SpecKernel):
     op = "pool"
     spec_type = PoolSpec
-
-    def encode(self, n_inputs: int) -> np.ndarray:
-        return encode_pool(self.spec, n_inputs)
+    encoder = staticmethod(encode_pool)
 
     @property
     def out_shape(self) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
@@ -64,10 +64,12 @@ class RuntimeKernel(CompiledKernel):
 class SpecKernel(RuntimeKernel):
     """A runtime kernel with one float32 output over its input at ``spec.x_pos``,
     described by a dataclass ``spec``: a subclass names its ``op`` (the saved meta's and
-    the error's), its ``spec_type``, and gives ``encode`` and ``out_shape``."""
+    the error's), its ``spec_type`` and its ``encoder`` (spec, number of inputs -> the
+    runtime's code); the output's shape is ``spec.shape`` unless it says otherwise."""
 
     op: ClassVar[str] = ""
     spec_type: ClassVar[type]
+    encoder: ClassVar[Callable[[Any, int], np.ndarray]]
 
     def __init__(self, spec: Any, input_shapes: Sequence[tuple[int, ...]], input_dtypes: Sequence[str]):
         self.spec = spec
@@ -77,11 +79,11 @@ class SpecKernel(RuntimeKernel):
         self._ptrs = (ctypes.c_void_p * (len(self.input_shapes) + 1))()
 
     def encode(self, n_inputs: int) -> np.ndarray:
-        raise NotImplementedError
+        return type(self).encoder(self.spec, n_inputs)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
+        return self.spec.shape
 
     def arg_specs(self) -> tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
         """(shape, dtype) of each input and output, as a segment lays them out."""

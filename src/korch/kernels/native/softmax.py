@@ -94,10 +94,4 @@ def encode_softmax(spec: SoftmaxSpec, n_inputs: int) -> np.ndarray:
 class NativeSoftmaxKernel(SpecKernel):
     op = "softmax"
     spec_type = SoftmaxSpec
-
-    def encode(self, n_inputs: int) -> np.ndarray:
-        return encode_softmax(self.spec, n_inputs)
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        return self.spec.shape
+    encoder = staticmethod(encode_softmax)

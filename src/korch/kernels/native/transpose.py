@@ -94,10 +94,4 @@ def encode_transpose(spec: TransposeSpec, n_inputs: int) -> np.ndarray:
 class NativeTransposeKernel(SpecKernel):
     op = "transpose"
     spec_type = TransposeSpec
-
-    def encode(self, n_inputs: int) -> np.ndarray:
-        return encode_transpose(self.spec, n_inputs)
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        return self.spec.shape
+    encoder = staticmethod(encode_transpose)
