@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from korch.executable import Executable, Step, TensorSpec, plan_buffers
+from korch.executable.views import view_of
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
 from korch.ir.subgraph import extract, kernel_consts
@@ -33,6 +34,9 @@ def build_executable(
                 f"k{i}_{c.hash[:8]}", c.backend, c.hash, c.kernel.nodes, c.kernel.inputs, c.kernel.outputs, cost_us=cost
             )
         )
+        view = view_of(g, c.kernel.nodes) if native else None
+        if view is not None:  # Note [Views in a segment]
+            steps[-1].meta["view"] = view
         by_backend.setdefault(c.backend, []).append(i)
     for name, idxs in by_backend.items():
         items = [(extract(g, chosen[i].kernel), kernel_consts(g, chosen[i].kernel)) for i in idxs]

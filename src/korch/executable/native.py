@@ -77,7 +77,7 @@ def build_segment(
     from korch.kernels.native.segment import NativeSegment, driver_source, new_build_dir, tvm_object
     from korch.kernels.native.toolchain import link_shared
 
-    slots: list[tuple[str, int]] = []
+    slots: list[tuple] = []  # (kind, index) | ("view", base slot, byte offset)
     slot_of: dict[int, int] = {}  # node -> slot
     consts: list[np.ndarray] = []
     in_nodes: list[int] = []
@@ -110,42 +110,85 @@ def build_segment(
             slot_of[node] = len(slots) - 1
         return slot_of[node]
 
+    # Note [Views in a segment]: node -> (the node whose slot holds it, byte offset)
+    view, nops = _views(members, later)
+    blocks: dict[int, tuple[tuple[int, ...], str]] = {}  # a concat's output: written through its views
+    bases: dict[int, tuple[tuple[int, ...], str]] = {}  # a slice's or reshape's input
+    for j in nops:
+        st = members[j]
+        if st.meta["view"][0] == "concat":
+            blocks[st.outputs[0]] = _spec(st.kernel.outputs[0])
+        else:
+            bases[st.inputs[0]] = _spec(st.kernel.inputs[0])
+
+    def root(node: int) -> tuple[int, int]:
+        off = 0
+        while node in view:
+            node, o = view[node]
+            off += o
+        return node, off
+
+    def slot(node: int, spec: tuple[tuple[int, ...], str], writes: bool) -> int:
+        base, off = root(node)
+        if base == node:
+            return write(node, spec) if writes else read(node, spec)
+        key = ("view", node)
+        if key not in views_slot:
+            # the block's slot: a concat's output is written (by its inputs' producers)
+            b = write(base, blocks[base]) if base in blocks else read(base, bases[base])
+            slots.append(("view", b, off))
+            views_slot[key] = len(slots) - 1
+        return views_slot[key]
+
+    views_slot: dict[tuple, int] = {}
     drv_steps: list[tuple] = []
     funcs = {}
     tvm_reads: set[int] = set()  # nodes a TVM member reads: those must be ALIGN-byte aligned
     for j, st in enumerate(members):
         k = st.kernel
-        if native_kind(st) == "tvm":
+        if j in nops:
+            drv_steps.append(("view",))
+        elif native_kind(st) == "tvm":
             sym = f"korch_seg{n}_k{j}"
             funcs[sym] = k.prim_func
             specs = [(tuple(s.shape), str(s.dtype)) for s in k.inputs]
-            tvm_reads.update(st.inputs)
-            arg = [read(node, sp) for node, sp in zip(st.inputs, specs)]
+            tvm_reads.update(root(nd)[0] for nd in st.inputs)
+            arg = [slot(node, sp, False) for node, sp in zip(st.inputs, specs)]
             ospecs = [(tuple(s.shape), str(s.dtype)) for s in k.outputs]
-            arg += [write(node, sp) for node, sp in zip(st.outputs, ospecs)]
+            arg += [slot(node, sp, True) for node, sp in zip(st.outputs, ospecs)]
             hid = [np.ascontiguousarray(h) for h in k._hidden_np]
             arg += [const_slot(h) for h in hid]
             # the DLTensors take the function's own shapes (Note [Coalesced axes])
             drv_steps.append(("tvm", sym, arg, k.call_specs() + [(h.shape, str(h.dtype)) for h in hid]))
         else:
             ins, outs = k.arg_specs()
-            arg = [read(node, sp) for node, sp in zip(st.inputs, ins)]
-            arg += [write(node, sp) for node, sp in zip(st.outputs, outs)]
+            arg = [slot(node, sp, False) for node, sp in zip(st.inputs, ins)]
+            arg += [slot(node, sp, True) for node, sp in zip(st.outputs, outs)]
             drv_steps.append(("linear", k.code.tolist(), arg))
     for node in produced:
         if node in later:
             out_nodes.append(node)
     # the intermediates: an arena, first fit over their lifetimes inside the segment
     inner = {nd: math.prod(sp[0]) * np.dtype(sp[1]).itemsize for nd, sp in produced.items() if nd not in later}
-    fake = [types.SimpleNamespace(inputs=st.inputs, outputs=st.outputs, kernel=_INTO) for st in members]
+    # a view's reads and writes are its block's (Note [Views in a segment])
+    fake = [
+        types.SimpleNamespace(
+            inputs=[root(nd)[0] for nd in st.inputs],
+            outputs=[root(nd)[0] for nd in st.outputs] if j not in nops else [],
+            kernel=_INTO,
+        )
+        for j, st in enumerate(members)
+    ]
     offsets, arena_bytes = plan_arena(fake, inner, set())
     out_index = {nd: i for i, nd in enumerate(out_nodes)}
     final: list[tuple[str, int]] = []
-    for kind, idx in slots:
+    for kind, idx, *rest in slots:
         if kind == "io-in":
             final.append(("io", idx))
         elif kind == "node":
             final.append(("io", len(in_nodes) + out_index[idx]) if idx in out_index else ("arena", offsets[idx]))
+        elif kind == "view":
+            final.append(("view", idx, rest[0]))
         else:
             final.append((kind, idx))
     source = driver_source(drv_steps, final, arena_bytes)
@@ -159,6 +202,7 @@ def build_segment(
         "outputs": [[list(produced[nd][0]), produced[nd][1]] for nd in out_nodes],
         "members": [st.record() for st in members],
         "arena_bytes": int(arena_bytes),
+        "views": [members[j].name for j in sorted(nops)],  # Note [Views in a segment]
         # Note [Unaligned segment inputs]: per input, whether a TVM member reads it
         "aligned_inputs": [nd in tvm_reads for nd in in_nodes],
     }
@@ -178,3 +222,38 @@ def build_segment(
         meta={},
         cost_us=sum(costs) if all(c is not None for c in costs) else None,  # type: ignore[misc]
     )
+
+
+def _spec(s) -> tuple[tuple[int, ...], str]:
+    return tuple(s.shape), str(s.dtype)
+
+
+def _views(members: Sequence[Step], later: set[int]) -> tuple[dict[int, tuple[int, int]], set[int]]:
+    """The views of a segment (Note [Views in a segment]): node -> (node whose slot
+    holds it, byte offset), and the members that run nothing."""
+    made: dict[int, int] = {}  # node -> the member writing it
+    for j, st in enumerate(members):
+        for nd in st.outputs:
+            made.setdefault(nd, j)
+    view: dict[int, tuple[int, int]] = {}
+    nops: set[int] = set()
+    for j, st in enumerate(members):
+        v = st.meta.get("view")
+        if v is None or native_kind(st) != "tvm" or len(st.outputs) != 1 or st.outputs[0] in view:
+            continue
+        out = st.outputs[0]
+        if v[0] == "concat":
+            ok = all(
+                made.get(src, j) < j
+                and src not in later
+                and src not in view
+                and members[made[src]].meta.get("view") is None
+                for src, _ in v[1]
+            )
+            if ok:
+                view.update({src: (out, off) for src, off in v[1]})
+                nops.add(j)
+        elif out not in later and len(st.inputs) == 1:
+            view[out] = (st.inputs[0], v[1])
+            nops.add(j)
+    return view, nops

@@ -63,6 +63,7 @@ import math
 import statistics
 import time
 
+from korch.executable.views import VIEW_US, view_of
 from korch.ir.graph import Graph
 from korch.ir.subgraph import KernelKind
 from korch.orchestrate.plan import fall_back, native_segments, step_us
@@ -206,6 +207,9 @@ def step_profile(ctx) -> None:
                 us = step_us(m, b, native)
                 if us < c.cost_us:
                     c.cost_us, c.backend = us, b
+        tvm = results.get((c.hash, "tvm"))
+        if native and "tvm" in c.backends and (tvm is None or tvm.ok) and view_of(ctx.graph, c.kernel.nodes):
+            c.cost_us, c.backend = VIEW_US, "tvm"  # Note [Views in a segment]
     ctx.report.update(
         workloads=len(workloads),
         measurements_requested=stats.requested,
