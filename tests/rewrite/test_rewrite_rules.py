@@ -7,6 +7,7 @@ import pytest
 
 from korch.ir import GraphBuilder, Op, evaluate, print_graph, verify
 from korch.rewrite import ALL_RULES, RULES_BY_NAME, apply_rule
+from korch.rewrite.rules.common import slice_axis
 
 RTOL, ATOL = 1e-4, 1e-5
 SEEDS = range(3)
@@ -124,6 +125,35 @@ def inst_merge_conv_shared_input(rng, seed):
     y2 = b.add(Op.CONV, [x, b.const(_w(rng, _dim(rng), c, 3, 3))], **attrs)
     b.output("y1", y1)
     b.output("y2", y2)
+    return b.graph
+
+
+_POINTWISE = dict(strides=(1, 1), dilations=(1, 1), pads=(0, 0, 0, 0), group=1)
+
+
+def inst_pointwise_over_split(rng, seed):
+    """A merged convolution's split, each part with its bias and SiLU (yolo's C3); seed 1
+    a MatMul split on its last axis with a scalar scale; seed 2 the product of two
+    splits' parts."""
+    b = GraphBuilder()
+    c, n1, n2 = _dim(rng), _dim(rng), _dim(rng)
+    if seed == 1:
+        x = b.add(Op.MATMUL, [b.input("a", (3, c), "float32"), b.const(_w(rng, c, n1 + n2))])
+    else:
+        w = b.const(_w(rng, n1 + n2, c, 1, 1))
+        x = b.add(Op.CONV, [b.input("a", (1, c, 4, 4), "float32"), w], **_POINTWISE)
+    axis = 1
+    y = b.unary(Op.TANH, x)
+    for i, (at, n) in enumerate(((0, n1), (n1, n2))):
+        part = slice_axis(b, x, axis, at, n)
+        if seed == 1:
+            out = b.binary(Op.MUL, part, b.scalar(0.5, part))
+        elif seed == 2:
+            out = b.binary(Op.MUL, part, slice_axis(b, y, axis, at, n))
+        else:
+            bias = b.const(_w(rng, 1, n, 1, 1))
+            out = b.binary(Op.ADD, part, b.broadcast_to(bias, b.shape(part)))
+        b.output(f"y{i}", out)
     return b.graph
 
 
@@ -569,3 +599,28 @@ def test_mul_over_add_const_leaves_a_shared_sum():
     y = b2.binary(Op.ADD, y, b2.const(_w(rng, 1, 8, 1, 1)))
     b2.output("y", b2.binary(Op.MUL, y, b2.scalar(1 / 6, y)))
     assert apply_rule(b2.graph, rule) is not None
+
+
+def test_pointwise_over_split_moves_the_epilogue_above_the_split():
+    """Note [Pointwise over a split]: bias, sigmoid and product of each part of a merged
+    convolution become one chain on the convolution, then the split."""
+    from korch.rewrite import for_library
+
+    rng = np.random.default_rng(0)
+    b = GraphBuilder()
+    x = b.input("x", (1, 8, 5, 5), "float32")
+    y = b.add(Op.CONV, [x, b.const(_w(rng, 12, 8, 1, 1))], **_POINTWISE)
+    for i, (at, n) in enumerate(((0, 4), (4, 8))):
+        part = slice_axis(b, y, 1, at, n)
+        part = b.binary(Op.ADD, part, b.broadcast_to(b.const(_w(rng, 1, n, 1, 1)), b.shape(part)))
+        b.output(f"y{i}", b.binary(Op.MUL, part, b.unary(Op.SIGMOID, part)))
+    g = b.graph
+    g2 = for_library(g)
+    ops = [n.op for n in g2.nodes]
+    assert ops.count(Op.SIGMOID) == 1 and ops.count(Op.MUL) == 1 and ops.count(Op.SLICE) == 2
+    conv = ops.index(Op.CONV)
+    assert all(g2.nodes[u].op is Op.ADD for u in g2.users()[conv])  # the bias right on the conv
+    feed = _inputs(g, rng)
+    want, got = evaluate(g, feed), evaluate(g2, feed)
+    for out in want:
+        np.testing.assert_allclose(got[out], want[out], rtol=RTOL, atol=ATOL)

@@ -11,11 +11,13 @@ from korch.rewrite.rules.linear import LINEAR_RULES
 from korch.rewrite.rules.merge import MERGE_RULES
 from korch.rewrite.rules.s2d import S2D_RULES
 from korch.rewrite.rules.sink import LIBRARY_LAYOUT_RULES, SINK_RULES
+from korch.rewrite.rules.split import SPLIT_RULES
 
 TABLES = {
     "linear": LINEAR_RULES,
     "merge": MERGE_RULES,
     "sink": SINK_RULES,
+    "split": SPLIT_RULES,
     "s2d": S2D_RULES,
     "affine": AFFINE_RULES,
     "layout": LAYOUT_RULES,
@@ -24,8 +26,9 @@ TABLES = {
 SEARCH = SINK_RULES + S2D_RULES + LINEAR_RULES + MERGE_RULES + AFFINE_RULES
 SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 # applied after the search, greedily (korch.rewrite.for_library): layouts an onnxruntime
-# region runs faster that the byte/flop cost cannot see
-LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES + CHANNEL_MAJOR_RULES
+# region runs faster, and epilogues moved above a split (Note [Pointwise over a split]),
+# that the byte/flop cost cannot see
+LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES + CHANNEL_MAJOR_RULES + SPLIT_RULES
 ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
 assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
@@ -41,6 +44,7 @@ __all__ = [
     "MERGE_RULES",
     "S2D_RULES",
     "SINK_RULES",
+    "SPLIT_RULES",
     "RULES_BY_NAME",
     "SEARCH",
     "SIMPLIFY",
