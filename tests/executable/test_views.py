@@ -133,3 +133,24 @@ def test_blocks_that_are_not_contiguous_or_aligned_are_not_views():
     assert view_of(g, (s,)) is None
     assert view_of(g, (odd,)) == ("block", C * H * W * 4)
     assert view_of(g, (u,)) is None
+
+
+def test_a_sliced_part_is_copied_into_its_block():
+    """yolo's C3: concat(m(a), b) with b a slice of the merged convolution's output. The
+    slice cannot be a view of both tensors, so its kernel writes the part into the
+    concat's block, and the concat runs nothing."""
+    b = GraphBuilder()
+    x = b.input("x", (1, C, H, W), "float32")
+    t = b.unary(Op.TANH, x)
+    part = slice_axis(b, t, 1, 8, 8)
+    c = b.add(Op.CONCAT, [b.unary(Op.EXP, slice_axis(b, t, 1, 0, 8)), part], axis=1)
+    b.output("y", b.unary(Op.NEG, c))
+    g = b.graph
+    steps = singletons(g)
+    seg = fuse_native(steps, {g.outputs["y"]}, lambda n: None, 2)[0]
+    ops = [g.nodes[int(n[1:])].op for n in seg.kernel.meta["views"]]
+    assert sorted(o.value for o in ops) == ["concat", "slice"]  # the concat, and the slice exp reads
+    x = aligned_copy(rng.standard_normal((1, C, H, W)).astype("float32"))
+    (got,) = seg.kernel([x])
+    t = np.tanh(x)
+    np.testing.assert_allclose(got, -np.concatenate([np.exp(t[:, :8]), t[:, 8:]], axis=1), rtol=1e-5)

@@ -230,30 +230,30 @@ def _spec(s) -> tuple[tuple[int, ...], str]:
 
 def _views(members: Sequence[Step], later: set[int]) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """The views of a segment (Note [Views in a segment]): node -> (node whose slot
-    holds it, byte offset), and the members that run nothing."""
+    holds it, byte offset), and the members that run nothing. Concats first: a part
+    that a slice or reshape makes is then written by that step's kernel into its block
+    (a copy of the part, not of the whole concat)."""
     made: dict[int, int] = {}  # node -> the member writing it
     for j, st in enumerate(members):
         for nd in st.outputs:
             made.setdefault(nd, j)
     view: dict[int, tuple[int, int]] = {}
     nops: set[int] = set()
+    copies: set[int] = set()  # slices and reshapes whose output is a concat's part
+    kinds = [
+        st.meta["view"][0] if "view" in st.meta and native_kind(st) == "tvm" and len(st.outputs) == 1 else None
+        for st in members
+    ]
     for j, st in enumerate(members):
-        v = st.meta.get("view")
-        if v is None or native_kind(st) != "tvm" or len(st.outputs) != 1 or st.outputs[0] in view:
+        if kinds[j] != "concat":
             continue
-        out = st.outputs[0]
-        if v[0] == "concat":
-            ok = all(
-                made.get(src, j) < j
-                and src not in later
-                and src not in view
-                and members[made[src]].meta.get("view") is None
-                for src, _ in v[1]
-            )
-            if ok:
-                view.update({src: (out, off) for src, off in v[1]})
-                nops.add(j)
-        elif out not in later and len(st.inputs) == 1:
-            view[out] = (st.inputs[0], v[1])
+        parts = st.meta["view"][1]
+        if all(made.get(src, j) < j and src not in later and src not in view for src, _ in parts):
+            view.update({src: (st.outputs[0], off) for src, off in parts})
+            nops.add(j)
+            copies.update(made[src] for src, _ in parts if kinds[made[src]] == "block")
+    for j, st in enumerate(members):
+        if kinds[j] == "block" and j not in copies and st.outputs[0] not in later and len(st.inputs) == 1:
+            view[st.outputs[0]] = (st.inputs[0], st.meta["view"][1])
             nops.add(j)
     return view, nops
