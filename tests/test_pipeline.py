@@ -85,6 +85,34 @@ def test_model_matches_onnxruntime(name, compiled):
     assert all(s.backend for s in model.executable.steps)
 
 
+def _conv_concat_conv() -> onnx.ModelProto:
+    """Two convolutions of one input (3x3 and 1x1: not merged), concatenated on channels
+    at batch 1, read by a third: nothing can fuse the concat, so it is a kernel alone."""
+    from korch.models.zoo import _Net
+
+    n = _Net("conv_concat_conv", 0)
+    x = n.input("x", (1, 16, 16, 16))
+    a = n.op("Relu", [n.conv(x, 16, 16, 3, pad=1)])
+    b = n.conv(x, 16, 16, 1)
+    n.output(n.conv(n.op("Concat", [a, b], axis=1), 32, 16, 1), (1, 16, 16, 16))
+    return n.model()
+
+
+def test_a_concat_runs_as_a_view_in_a_segment(settings, tmp_path):
+    """Note [Views in a segment]: the concat costs the BLP VIEW_US and runs nothing in
+    its segment (its inputs' convolutions write into its blocks); the model matches
+    onnxruntime."""
+    from korch.executable.views import VIEW_US
+
+    model = korch.optimize(_conv_concat_conv(), output_dir=tmp_path, settings=settings)
+    g = model.graph
+    assert model.report["max_rel_error"] <= TOL
+    views = {n for s in model.executable.steps if s.backend == "native-segment" for n in s.kernel.meta["views"]}
+    concats = [s for s in model.executable.kernel_steps() if Op.CONCAT in [g.nodes[n].op for n in s.nodes]]
+    assert len(concats) == 1 and len(concats[0].nodes) == 1
+    assert concats[0].cost_us == VIEW_US and concats[0].name in views
+
+
 def test_attention_softmax_is_fused(compiled):
     model, _ = compiled("attention")
     g = model.graph
