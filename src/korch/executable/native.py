@@ -132,15 +132,14 @@ def build_segment(
         base, off = root(node)
         if base == node:
             return write(node, spec) if writes else read(node, spec)
-        key = ("view", node)
-        if key not in views_slot:
+        if node not in view_slot:
             # the block's slot: a concat's output is written (by its inputs' producers)
             b = write(base, blocks[base]) if base in blocks else read(base, bases[base])
             slots.append(("view", b, off))
-            views_slot[key] = len(slots) - 1
-        return views_slot[key]
+            view_slot[node] = len(slots) - 1
+        return view_slot[node]
 
-    views_slot: dict[tuple, int] = {}
+    view_slot: dict[int, int] = {}  # a view node -> its slot
     drv_steps: list[tuple] = []
     funcs = {}
     tvm_reads: set[int] = set()  # nodes a TVM member reads: those must be ALIGN-byte aligned
@@ -151,11 +150,9 @@ def build_segment(
         elif native_kind(st) == "tvm":
             sym = f"korch_seg{n}_k{j}"
             funcs[sym] = k.prim_func
-            specs = [(tuple(s.shape), str(s.dtype)) for s in k.inputs]
             tvm_reads.update(root(nd)[0] for nd in st.inputs)
-            arg = [slot(node, sp, False) for node, sp in zip(st.inputs, specs)]
-            ospecs = [(tuple(s.shape), str(s.dtype)) for s in k.outputs]
-            arg += [slot(node, sp, True) for node, sp in zip(st.outputs, ospecs)]
+            arg = [slot(node, _spec(sp), False) for node, sp in zip(st.inputs, k.inputs)]
+            arg += [slot(node, _spec(sp), True) for node, sp in zip(st.outputs, k.outputs)]
             hid = [np.ascontiguousarray(h) for h in k._hidden_np]
             arg += [const_slot(h) for h in hid]
             # the DLTensors take the function's own shapes (Note [Coalesced axes])
