@@ -303,6 +303,23 @@ void parallel_for(int64_t n, int T, F&& f) {
 // parallel whatever the FLOPs (mobilenetv3_small's 576 -> 1024 head on one pixel, 2.4
 // MB: 75 us on one thread in place).
 constexpr double SERIAL_FLOPS = 1.5e6, SERIAL_WEIGHT_BYTES = 256 * 1024;
+
+// Note [Balanced batches]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A batched matmul is shared out as (batch, part) tasks. With one part a matrix, three
+// attention heads on two threads ran as two rounds, the second on one thread: 1.5x
+// the balanced time (deit_tiny's q k^T and attention-times-v, 3 x 197 x 197 x 64, ran
+// 114 us where two even halves take ~80). A matrix is split into T / gcd(batch, T)
+// parts whenever the rounds would not come out even and there are few of them; past
+// eight rounds the last one's idle threads cost under 1/8 and a matrix is kept whole.
+inline int64_t batch_parts(int64_t batch, int T) {
+  if (batch % T == 0) return 1;
+  if (batch >= 8 * T) return 1;
+  int64_t a = batch, b = T;
+  while (b) a %= b, std::swap(a, b);
+  return T / a;
+}
+
 // Note [Direct convolution bands]: a band holds up to this many register tiles (6 x 16
 // floats each: 96 tiles are 36 KB, summed over K where L1 and L2 keep them)
 constexpr int64_t BAND_TILES = 96;
@@ -1118,7 +1135,7 @@ struct Linear {
     const float* Bp = pack(static_cast<const float*>(ptrs[b]), 1, 0, K, N, N, 1);
     const int64_t panels = (N + korch_gemm::NR - 1) / korch_gemm::NR;
     const int T = 2.0 * batch * M * N * K < SERIAL_FLOPS && 4.0 * K * N < SERIAL_WEIGHT_BYTES ? 1 : threads();
-    const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
+    const int64_t parts = batch_parts(batch, T);  // Note [Balanced batches]
     const bool rows = M >= 4 * korch_gemm::MR * parts || panels < parts;
     const int64_t tasks = batch * parts;
     // Note [Register post-ops]: its bias zero padded to whole pairs of panels
@@ -1160,7 +1177,7 @@ struct Linear {
     const double flops = 2.0 * batch * M * N * K;
     const int T = flops < SERIAL_FLOPS ? 1 : threads();
     // tasks: (batch, part); a part is a block of rows, or of columns when M is small
-    const int64_t parts = batch >= T ? 1 : (T + batch - 1) / batch;
+    const int64_t parts = batch_parts(batch, T);  // Note [Balanced batches]
     const bool rows = M >= 4 * parts || N < 16 * parts;
     const int64_t tasks = batch * parts;
     parallel_for(tasks, T, [&](int64_t t) {
