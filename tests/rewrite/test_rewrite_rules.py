@@ -310,6 +310,17 @@ def inst_const_fold(rng, seed):
     return b.graph
 
 
+def inst_one_element_scalar(rng, seed):
+    """A [1, 1] constant broadcast as an operand (GraphBuilder.broadcast_to no longer
+    makes one, a folded constant still may); seed 1 puts it first in a SUB."""
+    b = GraphBuilder()
+    m, n = _dim(rng), _dim(rng)
+    x = b.input("x", (m, n), "float32")
+    c = b.add(Op.BROADCAST, [b.const(_w(rng, 1, 1, lo=0.5, hi=2))], shape=(m, n))
+    b.output("y", b.add(Op.SUB, [c, x]) if seed == 1 else b.add(Op.DIV, [x, c]))
+    return b.graph
+
+
 def _decode_stage(b: GraphBuilder, rng, x: int, c: int, hw: int, out: int, nearest: bool) -> int:
     """A Segformer decode-head stage: channels-last projection to ``c`` with a bias,
     viewed as NCHW, upsampled from ``hw`` to ``out`` (per axis: two gathers mixed by

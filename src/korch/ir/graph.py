@@ -275,6 +275,9 @@ class GraphBuilder:
             return x
         if s == () and self.node(x).is_scalar_const:
             return x  # scalar constants are inlined by every kernel
+        if self.node(x).op is Op.CONST and math.prod(s) == 1 and len(s) <= len(shape):
+            # Note [One-element constants are scalars] (korch.rewrite.rules.layout)
+            return self.const(self.graph.const_value(x).reshape(()))
         if len(s) < len(shape):
             x = self.reshape(x, (1,) * (len(shape) - len(s)) + s)
         return self.add(Op.BROADCAST, [x], shape=shape)

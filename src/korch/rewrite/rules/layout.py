@@ -12,7 +12,7 @@ import numpy as np
 from korch.ir.graph import Graph, GraphBuilder, strip_ones
 from korch.ir.interp import eval_node
 from korch.ir.ops import GroupOp, Op
-from korch.rewrite.pattern import Lookup, Match, P, Rule, X
+from korch.rewrite.pattern import A, Lookup, Match, P, Rule, X
 
 # A folded constant may be no larger than its inputs together (or this many elements):
 # a BROADCAST, PAD or WINDOW of a small constant is cheaper to compute in the kernel that
@@ -137,11 +137,42 @@ LAYOUT_RULES = (
     ),
 )
 
+# Note [One-element constants are scalars]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A rank-0 constant is inlined by every kernel that reads it (Note [Kernel boundary]);
+# a one-element array ([1, 1, 1, 1], which const_fold makes of timm's attention scale)
+# was broadcast to the full shape, and that tensor, shared by every layer, was made at
+# run time by one kernel and read as an input by twelve others (deit_tiny: q's and
+# k's scale, 151 KB each). As the operand of an elementwise op whose other operand has
+# the op's shape it is the scalar, and GraphBuilder.broadcast_to makes it one.
+_SCALAR_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
+_ONE = P(Op.BROADCAST, X("c", Op.CONST), name="bc")
+
+
+def _one_element_operand(g: Graph, m: Match) -> bool:
+    root = m.graph.nodes[m.roots[0]]
+    return m.node("c").size == 1 and m.shape("a") == root.shape and root.dtype == m.node("c").dtype
+
+
+def _scalar_operand(b: GraphBuilder, m: Match, v: Lookup) -> int:
+    root = m.graph.nodes[m.roots[0]]
+    c = b.const(m.value("c").reshape(()))
+    first = root.inputs[0] == m.nodes["bc"]
+    return b.add(root.op, [c, v("a")] if first else [v("a"), c])
+
+
 CONST_FOLD_RULES = (
     Rule(
         "const_fold",
         _const_fold_pattern,
         _const_fold,
         equation="f(c1, .., cn) = eval(f, c1, .., cn)  (every input constant)",
+    ),
+    Rule(
+        "one_element_scalar",
+        A(P(_SCALAR_OPS, X("a"), _ONE), P(_SCALAR_OPS, _ONE, X("a"))),
+        _scalar_operand,
+        _one_element_operand,
+        "f(a, broadcast(c)) = f(a, c)  (c one element: a scalar; Note [One-element constants are scalars])",
     ),
 )
