@@ -705,7 +705,7 @@ struct Linear {
 
   int run(void* const* ptrs) const {
     if (op == 1 && (pools || a_scale >= 0)) return conv_around(ptrs);
-    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : op == 4 ? softmax(ptrs) : transpose(ptrs);
+    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : op == 4 ? softmax(ptrs) : op == 6 ? copy(ptrs) : transpose(ptrs);
   }
 
   // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
@@ -1043,6 +1043,81 @@ struct Linear {
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t i = r0; i < r1; ++i) y[n * M + i] = x[i * N + n];
 #endif
+    });
+    return 0;
+  }
+
+  // Note [Native strided copies]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A kernel of layout primitives (RESHAPE, TRANSPOSE, SLICE, BROADCAST) over one input,
+  // each output maybe through elementwise steps with a scalar operand: every output is
+  // a strided view of the input (an offset and a stride per output axis, found in
+  // Python: copy.py), copied a row at a time, the steps applied to the row while it is
+  // in cache. deit_tiny's per-layer split of q, k^T and v out of the QKV product, with
+  // q's and k's scales, ran 46 us as a TVM kernel. The axes come merged where the
+  // input's strides allow (coalesced at create); a task is a block of rows of one
+  // output.
+  struct CopyOut {
+    std::vector<int64_t> shape, strides;  // merged; the last axis is the row
+    int64_t offset = 0, size = 0;
+    std::vector<Step> steps;
+  };
+  std::vector<CopyOut> copies;
+  std::vector<int64_t> copy_task;  // per task: output j, first row, end row (flattened triples)
+
+  void plan_copies() {
+    for (CopyOut& c : copies) {
+      std::vector<int64_t> sh, st;
+      for (size_t d = 0; d < c.shape.size(); ++d) {
+        if (c.shape[d] == 1) continue;
+        if (!sh.empty() && st.back() == c.strides[d] * c.shape[d]) {
+          sh.back() *= c.shape[d];
+          st.back() = c.strides[d];
+        } else {
+          sh.push_back(c.shape[d]);
+          st.push_back(c.strides[d]);
+        }
+      }
+      if (sh.empty()) sh.push_back(1), st.push_back(0);
+      c.shape = sh, c.strides = st;
+    }
+    for (size_t j = 0; j < copies.size(); ++j) {
+      const CopyOut& c = copies[j];
+      if (c.size == 0) continue;
+      const int64_t L = c.shape.back(), rows = c.size / L, per = std::max<int64_t>(1, 4096 / L);
+      for (int64_t r = 0; r < rows; r += per) copy_task.insert(copy_task.end(), {(int64_t)j, r, std::min(rows, r + per)});
+    }
+  }
+
+  int copy(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    int64_t total = 0;
+    for (const CopyOut& c : copies) total += c.size;
+    const int T = total < 32768 ? 1 : threads();
+    parallel_for((int64_t)copy_task.size() / 3, T, [&](int64_t t) {
+      const CopyOut& c = copies[(size_t)copy_task[3 * t]];
+      float* Y = static_cast<float*>(ptrs[nin + copy_task[3 * t]]);
+      const int64_t D = (int64_t)c.shape.size(), L = c.shape[D - 1], s = c.strides[D - 1];
+      for (int64_t r = copy_task[3 * t + 1]; r < copy_task[3 * t + 2]; ++r) {
+        int64_t off = c.offset, rr = r;
+        for (int64_t d = D - 2; d >= 0; --d) {
+          off += (rr % c.shape[d]) * c.strides[d];
+          rr /= c.shape[d];
+        }
+        const float* x = X + off;
+        float* y = Y + r * L;
+        if (s == 1) {
+          std::memcpy(y, x, sizeof(float) * L);
+        } else if (s == 0) {
+          std::fill(y, y + L, *x);
+        } else {
+          for (int64_t i = 0; i < L; ++i) y[i] = x[i * s];
+        }
+        for (const Step& st : c.steps) {
+          if (st.kind == 0) unary(st.op, y, L);
+          else binary(st.op, y, L, &st.scalar, 0, st.left != 0);
+        }
+      }
     });
     return 0;
   }
@@ -2902,6 +2977,34 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     int64_t* f[] = {&k->tp_b, &k->tp_m, &k->tp_n, &k->tp_c};
     for (int64_t* x : f) *x = r.next();
     if (k->tp_b < 1 || k->tp_m < 1 || k->tp_n < 1 || k->tp_c < 1 || k->nout != 1) r.ok = false;
+  } else if (k->op == 6) {  // Note [Native strided copies]
+    for (int64_t j = 0; j < k->nout && r.ok; ++j) {
+      Linear::CopyOut c;
+      const int64_t Dj = r.next();
+      if (Dj < 0 || Dj > 16) r.ok = false;
+      for (int64_t d = 0; d < Dj && r.ok; ++d) c.shape.push_back(r.next());
+      c.offset = r.next();
+      for (int64_t d = 0; d < Dj && r.ok; ++d) c.strides.push_back(r.next());
+      c.size = 1;
+      for (int64_t e : c.shape) c.size *= e;
+      const int64_t ns = r.next();
+      for (int64_t q = 0; q < ns && r.ok; ++q) {
+        Step st;
+        st.op = r.next();
+        st.left = r.next();
+        const int64_t bits = r.next();
+        double v;
+        std::memcpy(&v, &bits, sizeof v);
+        st.scalar = (float)v;
+        st.kind = st.op >= NEG ? 0 : 1;
+        st.pos = -1;
+        if (st.op < ADD || (st.op > MIN && st.op < NEG) || st.op > ERF) r.ok = false;
+        c.steps.push_back(st);
+      }
+      if (c.offset < 0) r.ok = false;
+      k->copies.push_back(std::move(c));
+    }
+    if (k->nout < 1) r.ok = false;
   } else if (k->op == 3) {  // Note [Native pooling]
     int64_t* f[] = {&k->n, &k->c, &k->h,  &k->w,  &k->kh, &k->kw, &k->sh,
                     &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->ho, &k->wo, &k->pool_max};
@@ -2955,7 +3058,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 5 || (k->op >= 2 && (k->nout > 2 || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
+  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 6 || (k->op >= 2 && ((k->nout > 2 && k->op != 6) || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;
@@ -2963,6 +3066,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
   }
   k->plan_rows();
   k->plan_post();
+  if (k->op == 6) k->plan_copies();
   if (g_threads == 0) scipy_openblas_set_num_threads(1);
   return k;
 }

@@ -244,16 +244,19 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), transpose (transpose.py)
+    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), transpose
+    # (transpose.py), strided copies (copy.py)
     kinds = frozenset({"linear", "opaque", "memory"})
 
     def supports(self, kgraph: Graph) -> bool:
+        from korch.kernels.native.copy import copy_spec
         from korch.kernels.native.pool import pool_spec
         from korch.kernels.native.softmax import softmax_spec
         from korch.kernels.native.topk import topk_spec
         from korch.kernels.native.transpose import transpose_spec
 
-        if any(f(kgraph) is not None for f in (topk_spec, pool_spec, softmax_spec, transpose_spec)):
+        specs = (topk_spec, pool_spec, softmax_spec, transpose_spec, copy_spec)
+        if any(f(kgraph) is not None for f in specs):
             return True
         plan = plan_of(kgraph)
         if plan is None:
@@ -265,6 +268,7 @@ class NativeBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
+        from korch.kernels.native.copy import NativeCopyKernel, copy_spec
         from korch.kernels.native.pool import NativePoolKernel, pool_spec
         from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
@@ -276,7 +280,8 @@ class NativeBackend(Backend):
             topk.set_threads(num_threads)
             return topk
         specs = ((NativePoolKernel, pool_spec), (NativeSoftmaxKernel, softmax_spec))
-        for kind, spec_of in (*specs, (NativeTransposeKernel, transpose_spec)):
+        specs += ((NativeTransposeKernel, transpose_spec), (NativeCopyKernel, copy_spec))
+        for kind, spec_of in specs:
             spec = spec_of(kgraph)
             if spec is not None:
                 k = kind.of(kgraph, spec)
@@ -296,6 +301,12 @@ class NativeBackend(Backend):
             topk = load_topk(meta)
             topk.set_threads(num_threads)
             return topk
+        if meta.get("op") == "copy":
+            from korch.kernels.native.copy import NativeCopyKernel
+
+            k = NativeCopyKernel.load(meta)
+            k.set_threads(num_threads)
+            return k
         if meta.get("op") in ("pool", "softmax", "transpose"):
             from korch.kernels.native.pool import NativePoolKernel
             from korch.kernels.native.softmax import NativeSoftmaxKernel
