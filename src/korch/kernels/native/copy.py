@@ -10,8 +10,9 @@ float32 input. Each output is then ``steps(view(x))``: the layout nodes on its p
 make an index map that must be affine in the output's coordinates (an offset and a
 stride per axis, which numpy's index arrays say exactly, whatever the reshapes), and the
 elementwise nodes are its steps, in order (they commute with the layout nodes). At
-least one node moves data (a TRANSPOSE, SLICE or BROADCAST), else a reshape is a view
-(Note [Views in a segment]) and the rest is TVM's. The code the runtime reads
+least one node is a TRANSPOSE or SLICE: a reshape alone is a view (Note [Views in a
+segment]), and a broadcast alone (a bias spread over rows: mlp's six) is TVM's, not
+measured twice. The code the runtime reads
 (``korch_linear_create``, op 6)::
 
     1, 6, n inputs, n outputs, 0, 0, x pos, 0, 1, n outputs,
@@ -36,7 +37,7 @@ from korch.kernels.base import buffer_address
 from korch.kernels.native.rtkernel import RuntimeKernel
 
 _LAYOUT = frozenset({Op.RESHAPE, Op.TRANSPOSE, Op.SLICE, Op.BROADCAST})
-_MOVES = frozenset({Op.TRANSPOSE, Op.SLICE, Op.BROADCAST})
+_MOVES = frozenset({Op.TRANSPOSE, Op.SLICE})
 _SCALAR = {Op.ADD: 1, Op.SUB: 2, Op.MUL: 3, Op.DIV: 4, Op.MAX: 5, Op.MIN: 6}
 _UNARY = {Op.NEG: 11, Op.EXP: 12, Op.TANH: 13, Op.SIGMOID: 14, Op.ABS: 15, Op.ERF: 16}
 MAX_ELEMENTS = 1 << 24  # the index arrays that find the strides: 128 MB at most
