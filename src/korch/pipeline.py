@@ -72,6 +72,7 @@ def step_rewrite(ctx: Context) -> None:
     from collections import Counter
 
     from korch.rewrite import for_library, optimize_graph
+    from korch.rewrite.rules import AFTER_SEARCH
 
     assert ctx.graph is not None
     s = ctx.settings
@@ -89,6 +90,7 @@ def step_rewrite(ctx: Context) -> None:
     # (Note [Narrowing before the transpose])
     after = Counter()
     ctx.graph = for_library(ctx.graph, counts=after)
+    ctx.graph = for_library(ctx.graph, rules=AFTER_SEARCH, counts=after)  # Note [An affine map before a MatMul]
     stats.applied = dict(sorted((Counter(stats.applied) + after).items()))
     verify(ctx.graph)
     ctx.report.update(

@@ -224,6 +224,26 @@ def _matmul_fold(with_bias):
     return build
 
 
+def _input_affine(shift: bool):
+    """A LayerNorm's gamma (and beta) before a Linear: x [1, m, k] * g[k] (+ b[k]) @ W
+    [k, n]; seed 1 a scalar gain."""
+
+    def build(rng, seed):
+        b = GraphBuilder()
+        m, k, n = _dim(rng), _dim(rng), _dim(rng)
+        x = b.input("x", (1, m, k), "float32")
+        g = b.scalar(1.5, x) if seed == 1 and not shift else b.const(_w(rng, k))
+        y = b.binary(Op.MUL, x, g)
+        if shift:
+            y = b.binary(Op.ADD, y, b.const(_w(rng, k)))
+        b.output("y", b.add(Op.MATMUL, [y, b.const(_w(rng, k, n))]))
+        return b.graph
+
+    return build
+
+
+inst_fold_input_affine_into_matmul = _input_affine(True)
+inst_fold_input_scale_into_matmul = _input_affine(False)
 inst_fold_scale_into_matmul = _matmul_fold(False)
 inst_fold_scale_into_matmul_bias = _matmul_fold(True)
 
@@ -635,3 +655,23 @@ def test_pointwise_over_split_moves_the_epilogue_above_the_split():
     want, got = evaluate(g, feed), evaluate(g2, feed)
     for out in want:
         np.testing.assert_allclose(got[out], want[out], rtol=RTOL, atol=ATOL)
+
+
+def test_an_input_affine_map_read_elsewhere_is_not_folded():
+    """Note [An affine map before a MatMul]: a post-norm block also adds the LayerNorm's
+    output to the residual; folding would keep the map and add a second MatMul weight."""
+
+    def block(residual: bool):
+        rng = np.random.default_rng(0)
+        b = GraphBuilder()
+        x = b.input("x", (1, 4, 8), "float32")
+        y = b.binary(Op.ADD, b.binary(Op.MUL, x, b.const(_w(rng, 8))), b.const(_w(rng, 8)))
+        z = b.add(Op.MATMUL, [y, b.const(_w(rng, 8, 8))])
+        b.output("y", b.binary(Op.ADD, z, y) if residual else z)
+        return b.graph
+
+    rule = RULES_BY_NAME["fold_input_affine_into_matmul"]
+    assert apply_rule(block(True), rule) is None
+    g2 = apply_rule(block(False), rule)
+    assert g2 is not None
+    assert [g2.nodes[i].op for i in g2.compute_ids()].count(Op.MUL) == 0  # the gain is in W

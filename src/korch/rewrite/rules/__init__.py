@@ -4,7 +4,7 @@ SEARCH rules may make a graph better or worse; the cost-guided search chooses.
 SIMPLIFY rules always help; the driver applies them greedily to every graph.
 """
 
-from korch.rewrite.rules.affine import AFFINE_RULES
+from korch.rewrite.rules.affine import AFFINE_RULES, INPUT_AFFINE_RULES
 from korch.rewrite.rules.channel_major import CHANNEL_MAJOR_RULES
 from korch.rewrite.rules.layout import CONST_FOLD_RULES, LAYOUT_RULES
 from korch.rewrite.rules.linear import LINEAR_RULES
@@ -19,7 +19,7 @@ TABLES = {
     "sink": SINK_RULES,
     "split": SPLIT_RULES,
     "s2d": S2D_RULES,
-    "affine": AFFINE_RULES,
+    "affine": AFFINE_RULES + INPUT_AFFINE_RULES,
     "layout": LAYOUT_RULES,
     "const_fold": CONST_FOLD_RULES,
 }
@@ -29,12 +29,16 @@ SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 # region runs faster, and epilogues moved above a split (Note [Pointwise over a split]),
 # that the byte/flop cost cannot see
 LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES + CHANNEL_MAJOR_RULES + SPLIT_RULES
-ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT
+# applied once after the search and the library layouts (korch.pipeline.step_rewrite):
+# Note [An affine map before a MatMul]
+AFTER_SEARCH = INPUT_AFFINE_RULES
+ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT + AFTER_SEARCH
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
 assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
 
 __all__ = [
     "AFFINE_RULES",
+    "AFTER_SEARCH",
     "CHANNEL_MAJOR_RULES",
     "ALL_RULES",
     "CONST_FOLD_RULES",
