@@ -31,8 +31,9 @@ SIMPLIFY = LAYOUT_RULES + CONST_FOLD_RULES
 LIBRARY_LAYOUT = LIBRARY_LAYOUT_RULES + CHANNEL_MAJOR_RULES + SPLIT_RULES
 # applied once after the search and the library layouts (korch.pipeline.step_rewrite):
 # Note [An affine map before a MatMul]
-AFTER_SEARCH = INPUT_AFFINE_RULES
-ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT + AFTER_SEARCH
+# (and the shift's bias merged with the Linear's own: two ADDs of constants are one)
+AFTER_SEARCH = INPUT_AFFINE_RULES + tuple(r for r in AFFINE_RULES if r.name == "add_const_chain")
+ALL_RULES = SEARCH + SIMPLIFY + LIBRARY_LAYOUT + INPUT_AFFINE_RULES
 RULES_BY_NAME = {r.name: r for r in ALL_RULES}
 assert len(RULES_BY_NAME) == len(ALL_RULES), "rule names must be unique"
 
