@@ -2912,6 +2912,12 @@ struct Reader {
     }
     return p[i++];
   }
+  double next_double() {  // a float64's bits (a scalar step's operand, a pool's divisor)
+    const int64_t bits = next();
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
 };
 
 }  // namespace
@@ -2992,10 +2998,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
         Step st;
         st.op = r.next();
         st.left = r.next();
-        const int64_t bits = r.next();
-        double v;
-        std::memcpy(&v, &bits, sizeof v);
-        st.scalar = (float)v;
+        st.scalar = (float)r.next_double();
         st.kind = st.op >= NEG ? 0 : 1;
         st.pos = -1;
         if (st.op < ADD || (st.op > MIN && st.op < NEG) || st.op > ERF) r.ok = false;
@@ -3009,9 +3012,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     int64_t* f[] = {&k->n, &k->c, &k->h,  &k->w,  &k->kh, &k->kw, &k->sh,
                     &k->sw, &k->dh, &k->dw, &k->pt, &k->pl, &k->ho, &k->wo, &k->pool_max};
     for (int64_t* x : f) *x = r.next();
-    const int64_t bits = r.next();
-    double v;
-    std::memcpy(&v, &bits, sizeof v);
+    const double v = r.next_double();
     k->pool_div = (float)v;
     if (k->kh < 1 || k->kw < 1 || k->sh < 1 || k->sw < 1 || k->dh < 1 || k->dw < 1 || k->ho < 1 || k->wo < 1 ||
         k->nout != 1 || !(v != 0.0))
@@ -3034,10 +3035,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     st.kind = r.next();
     st.left = r.next();
     st.pos = r.next();
-    const int64_t bits = r.next();
-    double v;
-    std::memcpy(&v, &bits, sizeof v);
-    st.scalar = (float)v;
+    st.scalar = (float)r.next_double();
     for (int64_t d = 0; d < D && r.ok; ++d) st.strides.push_back(r.next());
     if ((st.kind == 3 && (st.pos < 0 || st.pos >= k->nout)) || (st.kind == 2 && (st.pos < 0 || st.pos >= k->nin)) ||
         (st.kind == 4 && (st.pos < 0 || st.pos > k->slots)) || (st.kind == 5 && (st.pos < 0 || st.pos >= k->slots)) ||
