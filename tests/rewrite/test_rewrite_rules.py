@@ -226,13 +226,13 @@ def _matmul_fold(with_bias):
 
 def _input_affine(shift: bool):
     """A LayerNorm's gamma (and beta) before a Linear: x [1, m, k] * g[k] (+ b[k]) @ W
-    [k, n]; seed 1 a scalar gain."""
+    [k, n]; seed 1 a scalar gain with the shift."""
 
     def build(rng, seed):
         b = GraphBuilder()
         m, k, n = _dim(rng), _dim(rng), _dim(rng)
         x = b.input("x", (1, m, k), "float32")
-        g = b.scalar(1.5, x) if seed == 1 and not shift else b.const(_w(rng, k))
+        g = b.scalar(1.5, x) if seed == 1 and shift else b.const(_w(rng, k))
         y = b.binary(Op.MUL, x, g)
         if shift:
             y = b.binary(Op.ADD, y, b.const(_w(rng, k)))

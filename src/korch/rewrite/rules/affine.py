@@ -126,6 +126,9 @@ def _single_reader(*names: str):
         w = m.node("w")
         if not is_float(lin) or len(w.shape) != 2 or m.node("x").op is Op.CONST:
             return False
+        gain = bcast_const(g, m.nodes["g"])
+        if gain is None or (not names and gain.size == 1):
+            return False  # a scalar (GELU's 0.5) stays in its chain, which backends match whole
         k = w.shape[0]
         shape = m.node("aff").shape
         if shape[-1] != k or any(channel_vector(g, m.nodes[n], -1, shape) is None for n in ("g", *names)):
@@ -242,6 +245,6 @@ INPUT_AFFINE_RULES = (
         P(Op.MATMUL, P(Op.MUL, X("x"), X("g"), name="aff"), X("w", Op.CONST)),
         _fold_input(False),
         _single_reader(),
-        "matmul(x * g[k], W) = matmul(x, g[:, None] * W)",
+        "matmul(x * g[k], W) = matmul(x, g[:, None] * W)  (g a vector: RMSNorm's weight)",
     ),
 )
