@@ -1064,6 +1064,7 @@ struct Linear {
   };
   std::vector<CopyOut> copies;
   std::vector<int64_t> copy_task;  // per task: output j, first row, end row (flattened triples)
+  int64_t copy_total = 0;          // the outputs' elements together
 
   void plan_copies() {
     for (CopyOut& c : copies) {
@@ -1083,6 +1084,7 @@ struct Linear {
     }
     for (size_t j = 0; j < copies.size(); ++j) {
       const CopyOut& c = copies[j];
+      copy_total += c.size;
       if (c.size == 0) continue;
       const int64_t L = c.shape.back(), rows = c.size / L, per = std::max<int64_t>(1, 4096 / L);
       for (int64_t r = 0; r < rows; r += per) copy_task.insert(copy_task.end(), {(int64_t)j, r, std::min(rows, r + per)});
@@ -1091,9 +1093,7 @@ struct Linear {
 
   int copy(void* const* ptrs) const {
     const float* X = static_cast<const float*>(ptrs[a]);
-    int64_t total = 0;
-    for (const CopyOut& c : copies) total += c.size;
-    const int T = total < 32768 ? 1 : threads();
+    const int T = copy_total < 32768 ? 1 : threads();
     parallel_for((int64_t)copy_task.size() / 3, T, [&](int64_t t) {
       const CopyOut& c = copies[(size_t)copy_task[3 * t]];
       float* Y = static_cast<float*>(ptrs[nin + copy_task[3 * t]]);

@@ -69,8 +69,12 @@ def _distribute_ok(g: Graph, m: Match) -> bool:
     kernel."""
     if not _consts_ok("c1", "c2")(g, m):
         return False
-    inner = m.nodes["inner"]
-    return sum(inner in n.inputs for n in g.nodes) == 1 and inner not in g.outputs.values()
+    return _sole_reader(g, m.nodes["inner"])
+
+
+def _sole_reader(g: Graph, nid: int) -> bool:
+    """Whether one node reads ``nid`` and it is no graph output."""
+    return sum(nid in n.inputs for n in g.nodes) == 1 and nid not in g.outputs.values()
 
 
 # --- folding a per-channel scale into Conv / MatMul weights --------------------------------
@@ -133,13 +137,7 @@ def _single_reader(*names: str):
         shape = m.node("aff").shape
         if shape[-1] != k or any(channel_vector(g, m.nodes[n], -1, shape) is None for n in ("g", *names)):
             return False
-        users = {nid: 0 for nid in (m.nodes["aff"], m.nodes.get("scale", m.nodes["aff"]))}
-        for node in m.graph.nodes:
-            for i in node.inputs:
-                if i in users:
-                    users[i] += 1
-        outputs = set(m.graph.outputs.values())
-        return all(n == 1 and nid not in outputs for nid, n in users.items())
+        return all(_sole_reader(g, m.nodes[n]) for n in ("aff", "scale") if n in m.nodes)
 
     return cond
 
