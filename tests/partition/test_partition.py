@@ -82,7 +82,9 @@ def test_transformer_layer():
     g = transformer_layer()
     parts = partition(g, 400)
     check_partitions(g, parts, 400)
-    assert len(parts) == 3
+    # 4, not 3: segments end before a MatMul, not right after it (Note [Cuts before a
+    # linear primitive]), and the last one holds the final bias alone
+    assert len(parts) == 4
     check_partitions(g, partition(g, 50), 50)
     chain = from_edges([[i - 1] if i else [] for i in range(50)])
     assert partition(chain, 51) == [chain.compute_ids()]
@@ -128,3 +130,32 @@ def test_constants_sit_beside_their_consumer():
                 reshape = g.nodes[bc].inputs[0]
                 assert moved.index(n) - 1 == moved.index(bc) and moved.index(bc) - 1 == moved.index(reshape)
     check_partitions(g, partition(g, 8), 8)
+
+
+def test_no_cut_between_a_linear_primitive_and_its_bias():
+    """Note [Cuts before a linear primitive]: a bias's constant-only reshape and
+    broadcast multiply a segment's states, so greedy segments ended right before them,
+    after the MatMul they are added to; a candidate lies within one partition, so the
+    MatMul then ran without its bias. Segments now end before a linear primitive."""
+    import numpy as np
+
+    from korch.ir import GraphBuilder, Op
+
+    b = GraphBuilder()
+    x = b.input("x", (8, 16), "float32")
+    for i in range(12):
+        w = b.const(np.full((16, 16), i + 1.0, np.float32))
+        bias = b.broadcast_to(b.const(np.full(16, i + 1.0, np.float32)), (8, 16))
+        y = b.add(Op.ADD, [b.add(Op.MATMUL, [x, w]), bias])
+        x = b.binary(Op.MAX, y, b.scalar(0.0, y))
+    b.output("y", x)
+    g = b.graph
+    users = g.users()
+    for cap in (12, 20, 40):
+        parts = partition(g, cap)
+        check_partitions(g, parts, cap)
+        assert len(parts) > 1
+        where = {n: k for k, p in enumerate(parts) for n in p}
+        for n, node in enumerate(g.nodes):
+            if node.op is Op.MATMUL:
+                assert all(where[u] == where[n] for u in users[n]), (cap, n)

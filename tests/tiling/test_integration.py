@@ -170,11 +170,15 @@ def _objectives(ctx, measured, truth) -> tuple[float, float]:
     """(BLP objective over the measured candidates, over all candidates) on true costs,
     a library step's hand-off included as the rounds count it (Note [A step outside the
     segments])."""
+    from korch.executable.views import view_of
     from korch.orchestrate import solve as blp
     from korch.orchestrate.plan import native_segments, step_cost_us
 
     native = native_segments(ctx.settings)
     cost = {c.hash: truth[c.hash] + min(step_cost_us(b, native) for b in c.backends) for c in ctx.candidates}
+    # a view in a segment is available measured or not, as in step_profile (Note [Views
+    # in a segment]): the bias's reshape that mlp's fc1 reads through a broadcast
+    measured = set(measured) | {c.hash for c in ctx.candidates if native and view_of(ctx.graph, c.kernel.nodes)}
     guided = exhaustive = 0.0
     for pi, part in enumerate(ctx.partitions):
         cands = [c for c in ctx.candidates if c.partition == pi]
