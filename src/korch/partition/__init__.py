@@ -47,7 +47,7 @@ it. Either way the segment is shorter, so it still fits (its states only shrink)
 More partitions may result (transformer_layer: 3 -> 4, deit_tiny: 14 -> 19). With
 the same database, alternating the executables in one process (benchmarks/exe_ab.py,
 composed-only optimizations): mobilenetv3_small 0.94x the time, regnety_002 0.89x,
-efficientnet_b0 0.98x, deit_tiny 0.99x.
+efficientnet_b0 0.98x, deit_tiny 0.97x.
 """
 
 from __future__ import annotations

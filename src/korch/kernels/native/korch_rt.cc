@@ -705,7 +705,7 @@ struct Linear {
 
   int run(void* const* ptrs) const {
     if (op == 1 && (pools || a_scale >= 0)) return conv_around(ptrs);
-    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : op == 4 ? softmax(ptrs) : op == 6 ? copy(ptrs) : transpose(ptrs);
+    return op == 0 ? matmul(ptrs) : op == 1 ? conv(ptrs) : op == 2 ? topk(ptrs) : op == 3 ? pool(ptrs) : op == 4 ? softmax(ptrs) : op == 6 ? copy(ptrs) : op == 7 ? layernorm(ptrs) : transpose(ptrs);
   }
 
   // a conv with pools (Note [Pooled taps]: totals from zero, divided after; the value
@@ -961,6 +961,66 @@ struct Linear {
         if (!sm_norm) continue;
         const float inv = 1.0f / sum;
         for (int64_t i = 0; i < L; ++i) y[i] *= inv;
+#endif
+      }
+    });
+    return 0;
+  }
+
+  // Note [Native LayerNorm]
+  // ~~~~~~~~~~~~~~~~~~~~~~~
+  // LayerNorm over the last axis as fission writes it (norm.py): a row's mean, then the
+  // mean of its squared deviations (two passes, as the reference computes them), then
+  // (x - mean) / sqrt(var + eps), times gamma and plus beta where the kernel has them,
+  // a row at a time while it is in L1. TVM's kernels for it ran 15.8 us in place on
+  // deit_tiny's 197 x 192 rows (two threads), a reduction loop nest per statistic.
+  // Tasks are blocks of rows.
+  int64_t ln_rows = 0, ln_len = 0, ln_gamma = -1, ln_beta = -1;
+  float ln_eps = 0.0f;
+
+  int layernorm(void* const* ptrs) const {
+    const float* X = static_cast<const float*>(ptrs[a]);
+    const float* G = ln_gamma >= 0 ? static_cast<const float*>(ptrs[ln_gamma]) : nullptr;
+    const float* B = ln_beta >= 0 ? static_cast<const float*>(ptrs[ln_beta]) : nullptr;
+    float* Y = static_cast<float*>(ptrs[nin]);
+    const int64_t rows = ln_rows, L = ln_len;
+    const int T = rows * L < 16384 ? 1 : threads();
+    const int64_t tasks = std::min<int64_t>(rows, 4 * T);
+    const float inv_n = 1.0f / (float)L;
+    parallel_for(tasks, T, [&](int64_t t) {
+      for (int64_t r = rows * t / tasks; r < rows * (t + 1) / tasks; ++r) {
+        const float* x = X + r * L;
+        float* y = Y + r * L;
+#if defined(__AVX512F__)
+        __m512 sv = _mm512_setzero_ps();
+        for (int64_t i = 0; i < L; i += 16) sv = _mm512_add_ps(sv, _mm512_maskz_loadu_ps(first_lanes(L - i), x + i));
+        const __m512 mv = _mm512_set1_ps(_mm512_reduce_add_ps(sv) * inv_n);
+        __m512 qv = _mm512_setzero_ps();
+        for (int64_t i = 0; i < L; i += 16) {
+          const __mmask16 m = first_lanes(L - i);
+          const __m512 dv = _mm512_maskz_sub_ps(m, _mm512_maskz_loadu_ps(m, x + i), mv);
+          qv = _mm512_fmadd_ps(dv, dv, qv);
+        }
+        const __m512 rv = _mm512_set1_ps(1.0f / std::sqrt(_mm512_reduce_add_ps(qv) * inv_n + ln_eps));
+        for (int64_t i = 0; i < L; i += 16) {
+          const __mmask16 m = first_lanes(L - i);
+          __m512 v = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), mv), rv);
+          if (G) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, G + i));
+          if (B) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, B + i));
+          _mm512_mask_storeu_ps(y + i, m, v);
+        }
+#else
+        float sum = 0.0f, sq = 0.0f;
+        for (int64_t i = 0; i < L; ++i) sum += x[i];
+        const float mean = sum * inv_n;
+        for (int64_t i = 0; i < L; ++i) sq += (x[i] - mean) * (x[i] - mean);
+        const float rs = 1.0f / std::sqrt(sq * inv_n + ln_eps);
+        for (int64_t i = 0; i < L; ++i) {
+          float v = (x[i] - mean) * rs;
+          if (G) v *= G[i];
+          if (B) v += B[i];
+          y[i] = v;
+        }
 #endif
       }
     });
@@ -2979,6 +3039,15 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     k->sm_len = r.next();
     k->sm_norm = r.next();
     if (k->sm_rows < 1 || k->sm_len < 1 || k->nout != 1) r.ok = false;
+  } else if (k->op == 7) {  // Note [Native LayerNorm]
+    k->ln_rows = r.next();
+    k->ln_len = r.next();
+    k->ln_eps = (float)r.next_double();
+    k->ln_gamma = r.next();
+    k->ln_beta = r.next();
+    if (k->ln_rows < 1 || k->ln_len < 1 || k->nout != 1 || k->ln_gamma < -1 || k->ln_gamma >= k->nin ||
+        k->ln_beta < -1 || k->ln_beta >= k->nin || k->a < 0 || k->a >= k->nin)
+      r.ok = false;
   } else if (k->op == 5) {  // Note [Native transpose]
     int64_t* f[] = {&k->tp_b, &k->tp_m, &k->tp_n, &k->tp_c};
     for (int64_t* x : f) *x = r.next();
@@ -3056,7 +3125,7 @@ void* korch_linear_create(const int64_t* code, int64_t n) {
     if (st.kind == 4 && st.pos == k->slots) ++k->slots;  // slots are saved in order before they are read
     k->epi.push_back(st);
   }
-  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 6 || (k->op >= 2 && ((k->nout > 2 && k->op != 6) || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
+  if (!r.ok || version < 1 || version > 2 || r.i != n || D < 1 || k->op < 0 || k->op > 7 || (k->op >= 2 && ((k->nout > 2 && k->op != 6) || !k->epi.empty())) || k->main < 0 || k->main > k->nout || (k->main == k->nout && !k->pools) ||
       (k->op == 1 && (k->group < 1 || k->c % k->group || k->co % k->group))) {
     korch_set_error("korch_linear_create: malformed kernel code");
     delete k;

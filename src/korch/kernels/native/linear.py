@@ -244,18 +244,19 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
 
 class NativeBackend(Backend):
     name = "native"
-    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), transpose
-    # (transpose.py), strided copies (copy.py)
+    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), LayerNorm
+    # (norm.py), transpose (transpose.py), strided copies (copy.py)
     kinds = frozenset({"linear", "opaque", "memory"})
 
     def supports(self, kgraph: Graph) -> bool:
         from korch.kernels.native.copy import copy_spec
+        from korch.kernels.native.norm import layernorm_spec
         from korch.kernels.native.pool import pool_spec
         from korch.kernels.native.softmax import softmax_spec
         from korch.kernels.native.topk import topk_spec
         from korch.kernels.native.transpose import transpose_spec
 
-        specs = (topk_spec, pool_spec, softmax_spec, transpose_spec, copy_spec)
+        specs = (topk_spec, pool_spec, softmax_spec, layernorm_spec, transpose_spec, copy_spec)
         if any(f(kgraph) is not None for f in specs):
             return True
         plan = plan_of(kgraph)
@@ -269,6 +270,7 @@ class NativeBackend(Backend):
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
         from korch.kernels.native.copy import NativeCopyKernel, copy_spec
+        from korch.kernels.native.norm import NativeLayerNormKernel, layernorm_spec
         from korch.kernels.native.pool import NativePoolKernel, pool_spec
         from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
@@ -279,7 +281,11 @@ class NativeBackend(Backend):
             topk = build_topk(kgraph, spec, consts)
             topk.set_threads(num_threads)
             return topk
-        specs = ((NativePoolKernel, pool_spec), (NativeSoftmaxKernel, softmax_spec))
+        specs = (
+            (NativePoolKernel, pool_spec),
+            (NativeSoftmaxKernel, softmax_spec),
+            (NativeLayerNormKernel, layernorm_spec),
+        )
         specs += ((NativeTransposeKernel, transpose_spec), (NativeCopyKernel, copy_spec))
         for kind, spec_of in specs:
             spec = spec_of(kgraph)
@@ -307,12 +313,14 @@ class NativeBackend(Backend):
             k = NativeCopyKernel.load(meta)
             k.set_threads(num_threads)
             return k
-        if meta.get("op") in ("pool", "softmax", "transpose"):
+        if meta.get("op") in ("pool", "softmax", "layernorm", "transpose"):
+            from korch.kernels.native.norm import NativeLayerNormKernel
             from korch.kernels.native.pool import NativePoolKernel
             from korch.kernels.native.softmax import NativeSoftmaxKernel
             from korch.kernels.native.transpose import NativeTransposeKernel
 
             kinds = {"pool": NativePoolKernel, "softmax": NativeSoftmaxKernel, "transpose": NativeTransposeKernel}
+            kinds["layernorm"] = NativeLayerNormKernel
             k = kinds[meta["op"]].load(meta)
             k.set_threads(num_threads)
             return k
