@@ -58,6 +58,16 @@ def _broadcast_row():
     return b.graph
 
 
+def _batched_transpose_scaled():
+    """Note [Transposed copies]: rows of 21 adjacent floats per image (not merged across
+    images), columns 21 apart, 50 of them: partial groups of rows and of columns."""
+    b = GraphBuilder()
+    x = b.input("x", (2, 50, 21), "float32")
+    t = b.transpose(x, (0, 2, 1))
+    b.output("y", b.binary(Op.MUL, t, b.scalar(-1.5, t)))
+    return b.graph
+
+
 def _reshape_of_transpose():
     """A reshape that merges a transposed view's axes stays affine when the merged axes
     are adjacent in the input as well; then divided by a scalar."""
@@ -69,7 +79,9 @@ def _reshape_of_transpose():
 
 
 @pytest.mark.parametrize(
-    "make", [_qkv_split, _slice_exp, _broadcast_row, _reshape_of_transpose], ids=["qkv", "slice_exp", "bcast", "merge"]
+    "make",
+    [_qkv_split, _slice_exp, _broadcast_row, _reshape_of_transpose, _batched_transpose_scaled],
+    ids=["qkv", "slice_exp", "bcast", "merge", "transposed"],
 )
 def test_copies_match_numpy(make, tmp_path):
     kg, consts = kernel_of(make())
