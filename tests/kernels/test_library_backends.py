@@ -76,6 +76,27 @@ def matmul_graph(a_shape, b_shape, const_b=True, bias=False, relu=False, const_b
     return b.graph
 
 
+def slow_tvm(monkeypatch, op: Op, factor: float = 10.0) -> None:
+    """TVM's measurements of kernels holding an ``op`` primitive reported ``factor``
+    times slower: which of TVM's kernel and a native one is faster on a small test
+    graph is a timing, and a test of the plan that runs the native one needs it to win."""
+    import dataclasses
+
+    import korch.profile as korch_profile
+
+    real = korch_profile.profile
+
+    def profile(workloads, *args, **kw):
+        results, stats = real(workloads, *args, **kw)
+        hit = {w.hash for w in workloads if any(n.op is op for n in w.kgraph.nodes)}
+        for key, m in results.items():
+            if key[0] in hit and key[1] == "tvm" and m.ok:
+                results[key] = dataclasses.replace(m, median_us=m.median_us * factor)
+        return results, stats
+
+    monkeypatch.setattr(korch_profile, "profile", profile)
+
+
 def feeds_for(kg: Graph, consts) -> dict[str, np.ndarray]:
     return {name: randn(*kg.nodes[nid].shape) for name, nid in kg.inputs.items() if name not in consts}
 

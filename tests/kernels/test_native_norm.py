@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_library_backends import feeds_for, kernel_of, run_and_compare
+from test_library_backends import feeds_for, kernel_of, run_and_compare, slow_tvm
 
 import korch
 from korch.ir import GraphBuilder, Op
@@ -77,29 +77,28 @@ def test_layernorm_matches_numpy(shape, kw, tmp_path):
     assert type(k).__name__ == "NativeLayerNormKernel"
 
 
+def _stats_over(shape, axis: int, mean_count: float, var_count: float):
+    """A LayerNorm-shaped chain with its statistics over ``axis``, the mean and the
+    variance divided by the given counts."""
+    b = GraphBuilder()
+    x = b.input("x", shape, "float32")
+    s = b.reduce(Op.REDUCE_SUM, x, (axis,))
+    d = b.add(Op.SUB, [x, b.broadcast_to(b.binary(Op.DIV, s, b.scalar(mean_count, s)), shape)])
+    v = b.reduce(Op.REDUCE_SUM, b.add(Op.MUL, [d, d]), (axis,))
+    v = b.binary(Op.DIV, v, b.scalar(var_count, v))
+    r = b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, b.binary(Op.ADD, v, b.scalar(1e-5, v))))
+    b.output("y", b.add(Op.MUL, [d, b.broadcast_to(r, shape)]))
+    return b.graph
+
+
 def test_what_qualifies():
     kg, _ = kernel_of(_layernorm((2, 4, 8), extra=True))  # something else computed too
     assert layernorm_spec(kg) is None
-    b = GraphBuilder()  # the statistics over the first axis: not rows
-    x = b.input("x", (6, 8), "float32")
-    s = b.reduce(Op.REDUCE_SUM, x, (0,))
-    m = b.broadcast_to(b.binary(Op.DIV, s, b.scalar(6.0, s)), (6, 8))
-    d = b.add(Op.SUB, [x, m])
-    v = b.reduce(Op.REDUCE_SUM, b.add(Op.MUL, [d, d]), (0,))
-    v = b.binary(Op.DIV, v, b.scalar(6.0, v))
-    r = b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, b.binary(Op.ADD, v, b.scalar(1e-5, v))))
-    b.output("y", b.add(Op.MUL, [d, b.broadcast_to(r, (6, 8))]))
-    kg, _ = kernel_of(b.graph)
+    kg, _ = kernel_of(_stats_over((4, 8), 1, 8.0, 8.0))  # the chain itself qualifies
+    assert layernorm_spec(kg) is not None
+    kg, _ = kernel_of(_stats_over((6, 8), 0, 6.0, 6.0))  # over the first axis: not rows
     assert layernorm_spec(kg) is None
-    b = GraphBuilder()  # the mean divided by a count other than the row's length
-    x = b.input("x", (4, 8), "float32")
-    s = b.reduce(Op.REDUCE_SUM, x, (1,))
-    d = b.add(Op.SUB, [x, b.broadcast_to(b.binary(Op.DIV, s, b.scalar(7.0, s)), (4, 8))])
-    v = b.reduce(Op.REDUCE_SUM, b.add(Op.MUL, [d, d]), (1,))
-    v = b.binary(Op.DIV, v, b.scalar(8.0, v))
-    r = b.unary(Op.RECIPROCAL, b.unary(Op.SQRT, b.binary(Op.ADD, v, b.scalar(1e-5, v))))
-    b.output("y", b.add(Op.MUL, [d, b.broadcast_to(r, (4, 8))]))
-    kg, _ = kernel_of(b.graph)
+    kg, _ = kernel_of(_stats_over((4, 8), 1, 7.0, 8.0))  # the mean over a count not the row's
     assert layernorm_spec(kg) is None
 
 
@@ -130,21 +129,7 @@ def test_layernorm_runs_native_in_a_plan(tmp_path, quick_settings, monkeypatch):
     """The native LayerNorm is a candidate beside TVM's kernels, measured, built into the
     plan and correct there. Which of the two is faster on 40 rows is a timing, so TVM's
     kernels with a square root are reported 10x slower here."""
-    import dataclasses
-
-    import korch.profile as korch_profile
-
-    real = korch_profile.profile
-
-    def slow_tvm_norm(workloads, *args, **kw):
-        results, stats = real(workloads, *args, **kw)
-        sq = {w.hash for w in workloads if any(n.op is Op.SQRT for n in w.kgraph.nodes)}
-        for key, m in results.items():
-            if key[0] in sq and key[1] == "tvm" and m.ok:
-                results[key] = dataclasses.replace(m, median_us=m.median_us * 10)
-        return results, stats
-
-    monkeypatch.setattr(korch_profile, "profile", slow_tvm_norm)
+    slow_tvm(monkeypatch, Op.SQRT)
     settings = quick_settings(num_threads=2, library_regions=0, region_bias=(), whole_plans=False, choose_threads=False)
     model = korch.optimize(_encoder_norm(), output_dir=tmp_path / "out", settings=settings)
     assert model.report["max_rel_error"] <= 1e-4, model.report

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_library_backends import feeds_for, kernel_of, run_and_compare
+from test_library_backends import feeds_for, kernel_of, run_and_compare, slow_tvm
 
 import korch
 from korch.ir import GraphBuilder, Op
@@ -91,21 +91,7 @@ def test_attention_softmax_runs_native(tmp_path, quick_settings, monkeypatch):
     """The native softmax is a candidate beside TVM's kernels, measured, built into the
     plan and correct there. Which of the two is faster on 20 tokens is a timing (TVM's
     won once in a noisy minute), so TVM's softmax kernels are reported 10x slower here."""
-    import dataclasses
-
-    import korch.profile as korch_profile
-
-    real = korch_profile.profile
-
-    def slow_tvm_softmax(workloads, *args, **kw):
-        results, stats = real(workloads, *args, **kw)
-        exp = {w.hash for w in workloads if any(n.op is Op.EXP for n in w.kgraph.nodes)}
-        for key, m in results.items():
-            if key[0] in exp and key[1] == "tvm" and m.ok:
-                results[key] = dataclasses.replace(m, median_us=m.median_us * 10)
-        return results, stats
-
-    monkeypatch.setattr(korch_profile, "profile", slow_tvm_softmax)
+    slow_tvm(monkeypatch, Op.EXP)
     settings = quick_settings(num_threads=2, library_regions=0, region_bias=(), whole_plans=False, choose_threads=False)
     model = korch.optimize(_attention(), output_dir=tmp_path / "out", settings=settings)
     assert model.report["max_rel_error"] <= 1e-4, model.report

@@ -17,8 +17,8 @@ from korch.profile.db import Measurement
 
 
 def _embedding_layernorm() -> onnx.ModelProto:
-    """A data-dependent Gather (opaque) and a LayerNorm (generated kernels only, and no
-    library region: the graph has no linear primitive)."""
+    """A data-dependent Gather (opaque) and a LayerNorm (generated or native memory
+    kernels, and no library region: the graph has no linear primitive)."""
     rng = np.random.default_rng(0)
     nodes = [
         helper.make_node("Gather", ["table", "ids"], ["x"]),
@@ -61,7 +61,10 @@ def test_guided_rounds_measure_the_rest_of_a_partition_with_an_unmeasurable_kern
     r = compiled.report
     assert r["unmeasured_partitions"] == [0]
     steps = compiled.executable.kernel_steps()  # a native segment's kernels one by one
-    assert {s.backend for s in steps} >= {"ort", "tvm"}, [s.backend for s in steps]
+    # the Gather on onnxruntime at a penalty, the LayerNorm measured: TVM's kernels or
+    # the native one (Note [Native LayerNorm]), whichever measured faster
+    backends = {s.backend for s in steps}
+    assert "ort" in backends and backends & {"tvm", "native"}, [s.backend for s in steps]
     assert 0 < r["predicted_latency_us"] - UNMEASURED_PENALTY_US < UNMEASURED_PENALTY_US  # one penalised kernel
     feeds = {"ids": np.random.default_rng(1).integers(0, 16, (1, 8)).astype(np.int64)}
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

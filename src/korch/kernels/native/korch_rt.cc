@@ -1160,6 +1160,14 @@ struct Linear {
       const CopyOut& c = copies[(size_t)copy_task[3 * t]];
       float* Y = static_cast<float*>(ptrs[nin + copy_task[3 * t]]);
       const int64_t D = (int64_t)c.shape.size(), L = c.shape[D - 1], s = c.strides[D - 1];
+      auto row_input = [&](int64_t r) {  // where row r starts in the input
+        int64_t off = c.offset;
+        for (int64_t d = D - 2; d >= 0; --d) {
+          off += (r % c.shape[d]) * c.strides[d];
+          r /= c.shape[d];
+        }
+        return X + off;
+      };
       auto apply_steps = [&](float* y) {
         for (const Step& st : c.steps) {
           if (st.kind == 0) unary(st.op, y, L);
@@ -1175,12 +1183,7 @@ struct Linear {
         const int64_t R = c.shape[D - 2], r1 = copy_task[3 * t + 2];
         for (int64_t r = copy_task[3 * t + 1]; r < r1;) {
           const int64_t g = std::min({r1 - r, (int64_t)16, R - r % R});
-          int64_t off = c.offset, rr = r;
-          for (int64_t d = D - 2; d >= 0; --d) {
-            off += (rr % c.shape[d]) * c.strides[d];
-            rr /= c.shape[d];
-          }
-          const float* x = X + off;
+          const float* x = row_input(r);
           float* y = Y + r * L;
           const __mmask16 rm = first_lanes(g);
           for (int64_t t0 = 0; t0 < L; t0 += 16) {
@@ -1198,12 +1201,7 @@ struct Linear {
       }
 #endif
       for (int64_t r = copy_task[3 * t + 1]; r < copy_task[3 * t + 2]; ++r) {
-        int64_t off = c.offset, rr = r;
-        for (int64_t d = D - 2; d >= 0; --d) {
-          off += (rr % c.shape[d]) * c.strides[d];
-          rr /= c.shape[d];
-        }
-        const float* x = X + off;
+        const float* x = row_input(r);
         float* y = Y + r * L;
         if (s == 1) {
           std::memcpy(y, x, sizeof(float) * L);
