@@ -242,22 +242,34 @@ def input_shapes(kgraph: Graph) -> list[tuple[int, ...]]:
     return [tuple(kgraph.nodes[nid].shape) for nid in kgraph.inputs.values()]
 
 
+def _spec_kinds() -> tuple[tuple[str, Any, Any], ...]:
+    """(saved op name, kernel class, spec matcher) of the runtime's memory kernels, in the
+    order they are tried: pooling (pool.py), softmax (softmax.py), LayerNorm (norm.py),
+    transpose (transpose.py), strided copies (copy.py)."""
+    from korch.kernels.native.copy import NativeCopyKernel, copy_spec
+    from korch.kernels.native.norm import NativeLayerNormKernel, layernorm_spec
+    from korch.kernels.native.pool import NativePoolKernel, pool_spec
+    from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
+    from korch.kernels.native.transpose import NativeTransposeKernel, transpose_spec
+
+    return (
+        ("pool", NativePoolKernel, pool_spec),
+        ("softmax", NativeSoftmaxKernel, softmax_spec),
+        ("layernorm", NativeLayerNormKernel, layernorm_spec),
+        ("transpose", NativeTransposeKernel, transpose_spec),
+        ("copy", NativeCopyKernel, copy_spec),
+    )
+
+
 class NativeBackend(Backend):
     name = "native"
-    # opaque: TopK (topk.py); memory: pooling (pool.py), softmax (softmax.py), LayerNorm
-    # (norm.py), transpose (transpose.py), strided copies (copy.py)
+    # opaque: TopK (topk.py); memory: the kernels of _spec_kinds
     kinds = frozenset({"linear", "opaque", "memory"})
 
     def supports(self, kgraph: Graph) -> bool:
-        from korch.kernels.native.copy import copy_spec
-        from korch.kernels.native.norm import layernorm_spec
-        from korch.kernels.native.pool import pool_spec
-        from korch.kernels.native.softmax import softmax_spec
         from korch.kernels.native.topk import topk_spec
-        from korch.kernels.native.transpose import transpose_spec
 
-        specs = (topk_spec, pool_spec, softmax_spec, layernorm_spec, transpose_spec, copy_spec)
-        if any(f(kgraph) is not None for f in specs):
+        if topk_spec(kgraph) is not None or any(f(kgraph) is not None for _, _, f in _spec_kinds()):
             return True
         plan = plan_of(kgraph)
         if plan is None:
@@ -269,25 +281,14 @@ class NativeBackend(Backend):
         return True
 
     def build(self, kgraph: Graph, consts: dict[str, np.ndarray], num_threads: int) -> CompiledKernel:
-        from korch.kernels.native.copy import NativeCopyKernel, copy_spec
-        from korch.kernels.native.norm import NativeLayerNormKernel, layernorm_spec
-        from korch.kernels.native.pool import NativePoolKernel, pool_spec
-        from korch.kernels.native.softmax import NativeSoftmaxKernel, softmax_spec
         from korch.kernels.native.topk import build_topk, topk_spec
-        from korch.kernels.native.transpose import NativeTransposeKernel, transpose_spec
 
         spec = topk_spec(kgraph)
         if spec is not None:
             topk = build_topk(kgraph, spec, consts)
             topk.set_threads(num_threads)
             return topk
-        specs = (
-            (NativePoolKernel, pool_spec),
-            (NativeSoftmaxKernel, softmax_spec),
-            (NativeLayerNormKernel, layernorm_spec),
-        )
-        specs += ((NativeTransposeKernel, transpose_spec), (NativeCopyKernel, copy_spec))
-        for kind, spec_of in specs:
+        for _, kind, spec_of in _spec_kinds():
             spec = spec_of(kgraph)
             if spec is not None:
                 k = kind.of(kgraph, spec)
@@ -307,20 +308,8 @@ class NativeBackend(Backend):
             topk = load_topk(meta)
             topk.set_threads(num_threads)
             return topk
-        if meta.get("op") == "copy":
-            from korch.kernels.native.copy import NativeCopyKernel
-
-            k = NativeCopyKernel.load(meta)
-            k.set_threads(num_threads)
-            return k
-        if meta.get("op") in ("pool", "softmax", "layernorm", "transpose"):
-            from korch.kernels.native.norm import NativeLayerNormKernel
-            from korch.kernels.native.pool import NativePoolKernel
-            from korch.kernels.native.softmax import NativeSoftmaxKernel
-            from korch.kernels.native.transpose import NativeTransposeKernel
-
-            kinds = {"pool": NativePoolKernel, "softmax": NativeSoftmaxKernel, "transpose": NativeTransposeKernel}
-            kinds["layernorm"] = NativeLayerNormKernel
+        kinds = {op: kind for op, kind, _ in _spec_kinds()}
+        if meta.get("op") in kinds:
             k = kinds[meta["op"]].load(meta)
             k.set_threads(num_threads)
             return k

@@ -22,14 +22,12 @@ The code the runtime reads (``korch_linear_create``, op 7)::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from korch.ir.graph import Graph
 from korch.ir.ops import Op
-from korch.kernels.base import buffer_address
 from korch.kernels.native.rtkernel import SpecKernel
 
 
@@ -73,8 +71,8 @@ class _Match:
         if node.op not in (Op.DIV, Op.MUL):
             return None
         a, b = node.inputs
-        c = self.scalar(b)
-        if c is None or not math.isclose(c if node.op is Op.DIV else 1.0 / c if c else 0.0, n, rel_tol=1e-6):
+        c = self.scalar(b)  # N for a division, 1 / N for a product
+        if not c or not math.isclose(c if node.op is Op.DIV else 1.0 / c, n, rel_tol=1e-6):
             return None
         self.seen.add(nid)
         red = self.take(a, Op.REDUCE_SUM)
@@ -176,13 +174,5 @@ class NativeLayerNormKernel(SpecKernel):
     spec_type = LayerNormSpec
     encoder = staticmethod(encode_layernorm)
 
-    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        keep = []  # x, and gamma and beta beside it, alive through the call
-        for pos in (self.spec.x_pos, self.spec.gamma_pos, self.spec.beta_pos):
-            if pos >= 0:
-                keep.append(np.ascontiguousarray(inputs[pos], dtype=np.float32))
-                self._ptrs[pos] = buffer_address(keep[-1])
-        out = np.empty(self.out_shape, dtype=np.float32)
-        self._ptrs[len(self.input_shapes)] = buffer_address(out)
-        self._run(self.op)
-        return [out]
+    def input_positions(self) -> tuple[int, ...]:
+        return tuple(p for p in (self.spec.x_pos, self.spec.gamma_pos, self.spec.beta_pos) if p >= 0)

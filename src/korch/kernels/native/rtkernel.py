@@ -1,7 +1,8 @@
 """A kernel of korch's runtime called from Python: its handle (``korch_linear_create``
 over an int64 code), its thread count and the pool hold it is measured under. The
 native linear kernels (``linear.py``) and TopK (``topk.py``) are two; ``SpecKernel``
-the one-output ones a dataclass describes (``pool.py``, ``softmax.py``)."""
+the one-output ones a dataclass describes (``pool.py``, ``softmax.py``, ``norm.py``,
+``transpose.py``)."""
 
 from __future__ import annotations
 
@@ -89,9 +90,15 @@ class SpecKernel(RuntimeKernel):
         """(shape, dtype) of each input and output, as a segment lays them out."""
         return list(zip(self.input_shapes, self.input_dtypes)), [(self.out_shape, "float32")]
 
+    def input_positions(self) -> tuple[int, ...]:
+        """The inputs the runtime reads: ``spec.x_pos``, and more where a spec says so."""
+        return (self.spec.x_pos,)
+
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        x = np.ascontiguousarray(inputs[self.spec.x_pos], dtype=np.float32)
-        self._ptrs[self.spec.x_pos] = buffer_address(x)
+        keep = []  # alive through the call
+        for pos in self.input_positions():
+            keep.append(np.ascontiguousarray(inputs[pos], dtype=np.float32))
+            self._ptrs[pos] = buffer_address(keep[-1])
         out = np.empty(self.out_shape, dtype=np.float32)
         self._ptrs[len(self.input_shapes)] = buffer_address(out)
         self._run(self.op)
